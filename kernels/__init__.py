@@ -1,0 +1,1 @@
+"""Batch-invariant kernels, each with the SelIR program that selects its parameters."""

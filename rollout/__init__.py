@@ -1,0 +1,1 @@
+"""The embedded rollout engine (paged KV cache, continuous batching, seeded sampling)."""

@@ -1,0 +1,152 @@
+"""The JIT cache (stage 7): solved programs on disk, keyed by everything that can change the answer.
+
+Key: sha256 of the canonical program (with its tables and inlined helpers), the facts, the solve
+options, the detent_rl and SelIR format versions and the Python version. Each entry is
+`<sha256 of body>\\n<json body>`, written to a temporary file and renamed into place, so readers
+never see a torn file; an entry whose checksum or structure is wrong is reported, removed and
+re-solved.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+import detent_rl
+from detent_rl.selir import ranges
+from detent_rl.selir.graph import Node
+from detent_rl.selir.lower import reachable
+from detent_rl.selir.program import Program, canonical
+from detent_rl.selir.specialize import Cond
+
+FORMAT = 1
+ENV_DIR = "DETENT_CACHE_DIR"
+ENV_DISABLE = "DETENT_CACHE_DISABLE"
+
+
+def cache_key(program: Program, facts: dict, **options: Any) -> str:
+    text = "\n".join([
+        f"selir-format={FORMAT}", f"detent_rl={detent_rl.__version__}",
+        f"python={platform.python_version()}", f"program={program.qualname}:{program.digest}",
+        f"facts={canonical(dict(sorted(facts.items())))}",
+        f"options={canonical(dict(sorted(options.items())))}",
+    ])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def enc(v: Any) -> Any:
+    if isinstance(v, Node):
+        return {"n": v.id}
+    if isinstance(v, float):
+        return {"f": v.hex()}
+    if isinstance(v, (tuple, list)):
+        return {"t": [enc(x) for x in v]}
+    if isinstance(v, dict):
+        return {"d": [[enc(k), enc(x)] for k, x in v.items()]}
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    raise TypeError(f"cannot store {v!r} in the JIT cache")
+
+
+def dec(v: Any, nodes: dict[int, Node]) -> Any:
+    if isinstance(v, dict):
+        (tag, x), = v.items()
+        if tag == "n":
+            return nodes[x]
+        if tag == "f":
+            return float.fromhex(x)
+        if tag == "t":
+            return tuple(dec(i, nodes) for i in x)
+        if tag == "d":
+            return {dec(k, nodes): dec(i, nodes) for k, i in x}
+        raise ValueError(f"unknown tag {tag!r}")
+    return v
+
+
+def dump_solution(sol: Any) -> dict:
+    roots = list(sol.outputs.values()) + [c.value for c in sol.conditions] + list(sol.pin_nodes.values())
+    nodes = sorted(reachable(roots).values(), key=lambda n: n.id)
+    return {
+        "nodes": [[n.id, n.op, enc(n.args), enc(n.aux), n.type] for n in nodes],
+        "conditions": [[c.kind, enc(c.value), c.line, c.file, c.text, c.message] for c in sol.conditions],
+        "fields": {k: enc(getattr(sol, k)) for k in (
+            "program_name", "program_file", "program_line", "ir_hash", "level", "facts_text",
+            "params", "domains", "outputs", "knobs", "axes", "candidates", "candidate_source",
+            "default", "stats")},
+        "pin_nodes": {k: n.id for k, n in sol.pin_nodes.items()},
+        "groups": [[pos, [[enc(a), i, enc(p)] for a, (i, p) in table.items()]] for pos, table in sol.groups],
+    }
+
+
+def load_solution(data: dict) -> Any:
+    from detent_rl.selir.solution import Solution
+    nodes: dict[int, Node] = {}
+    for i, op, args, aux, type_ in data["nodes"]:
+        nodes[i] = Node(i, op, dec(args, nodes), dec(aux, nodes), type_, ranges.FULL)
+    f = {k: dec(v, nodes) for k, v in data["fields"].items()}
+    f["stats"]["point_names"] = tuple(f["stats"].get("point_names", ()))
+    conds = [Cond(k, dec(v, nodes), line, file, text, msg) for k, v, line, file, text, msg in data["conditions"]]
+    groups = [(list(pos), {dec(a, nodes): (i, dec(p, nodes)) for a, i, p in table})
+              for pos, table in data["groups"]]
+    return Solution(**f, conditions=conds, pin_nodes={k: nodes[i] for k, i in data["pin_nodes"].items()},
+                    groups=groups, from_cache=True)
+
+
+class JITCache:
+    def __init__(self, directory: Optional[os.PathLike | str] = None, enabled: Optional[bool] = None) -> None:
+        if enabled is None:
+            enabled = os.environ.get(ENV_DISABLE, "") in ("", "0")
+        self.enabled = enabled
+        self.directory = Path(directory or os.environ.get(ENV_DIR) or
+                              Path.home() / ".cache" / "detent_rl" / "selir")
+        self.hits = self.misses = self.corrupt = 0
+
+    @classmethod
+    def default(cls) -> "JITCache":
+        return cls()
+
+    def path(self, key: str) -> Path:
+        return self.directory / f"{key}.json"
+
+    def load(self, key: str) -> Optional[Any]:
+        if not self.enabled:
+            return None
+        p = self.path(key)
+        try:
+            raw = p.read_bytes()
+        except FileNotFoundError:
+            self.misses += 1
+            return None
+        try:
+            digest, _, body = raw.partition(b"\n")
+            if hashlib.sha256(body).hexdigest().encode() != digest:
+                raise ValueError("checksum mismatch (truncated or corrupted)")
+            sol = load_solution(json.loads(body))
+        except Exception as e:  # any damage means: re-solve, never trust the entry
+            self.corrupt += 1
+            warnings.warn(f"JIT cache entry {p} is corrupt ({e}); re-solving", RuntimeWarning, stacklevel=3)
+            p.unlink(missing_ok=True)
+            return None
+        self.hits += 1
+        return sol
+
+    def store(self, key: str, sol: Any) -> None:
+        if not self.enabled:
+            return
+        body = json.dumps(dump_solution(sol), separators=(",", ":")).encode()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{key[:16]}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path(key))
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

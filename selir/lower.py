@@ -1,0 +1,68 @@
+"""Lowering (stage 3): the specialized program as one dependence graph.
+
+Vertices are the non-constant values that selection points or conditions read; edges go from an
+operand to its user. A `select` reads its condition through a control edge, so a batch-dependent
+branch makes everything it chooses between batch-dependent too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from detent_rl.selir.graph import Node
+
+BATCH_KINDS = ("Runtime", "Unpinnable")
+
+
+@dataclass
+class DepGraph:
+    nodes: dict[int, Node]  # id -> node, every value the selection or its conditions read
+    users: dict[int, list[int]]
+    control: set[tuple[int, int]]  # (condition, select) edges
+    points: dict[str, Any]  # selection point name -> Node or constant
+    conditions: list  # Cond, guarded
+    batch_dependent: set[int]
+
+    @property
+    def sources(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.op == "input" and n.aux[1] in BATCH_KINDS]
+
+    def point_nodes(self, batch_only: bool = False) -> dict[str, Node]:
+        return {k: v for k, v in self.points.items() if isinstance(v, Node)
+                and (not batch_only or v.id in self.batch_dependent)}
+
+    @property
+    def edge_count(self) -> int:
+        return sum(len(u) for u in self.users.values())
+
+
+def reachable(roots: list[Node]) -> dict[int, Node]:
+    """Every node the roots read, by id."""
+    seen: dict[int, Node] = {}
+    stack = [r for r in roots if isinstance(r, Node)]
+    while stack:
+        n = stack.pop()
+        if n.id in seen:
+            continue
+        seen[n.id] = n
+        stack.extend(n.operands)
+    return seen
+
+
+def lower(spec: Any) -> DepGraph:
+    roots = [v for v in spec.outputs.values() if isinstance(v, Node)]
+    roots += [c.value for c in spec.conditions if isinstance(c.value, Node)]
+    nodes = reachable(roots)
+    users: dict[int, list[int]] = {i: [] for i in nodes}
+    control: set[tuple[int, int]] = set()
+    for n in sorted(nodes.values(), key=lambda n: n.id):
+        for i, a in enumerate(n.args):
+            if isinstance(a, Node) and n.id not in users[a.id]:
+                users[a.id].append(n.id)
+                if n.op == "select" and i == 0:
+                    control.add((a.id, n.id))
+    dep: set[int] = set()
+    for n in sorted(nodes.values(), key=lambda n: n.id):  # ids are a topological order
+        if (n.op == "input" and n.aux[1] in BATCH_KINDS) or any(a.id in dep for a in n.operands):
+            dep.add(n.id)
+    return DepGraph(nodes, users, control, dict(spec.outputs), list(spec.conditions), dep)

@@ -1,0 +1,102 @@
+"""A solved selection program: pins, legal assignments, and the selectors built from them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from detent_rl.selir.errors import SelectionError, SelIRError
+from detent_rl.selir.graph import Node
+from detent_rl.selir.legal import enumerate_legal, why_illegal
+from detent_rl.selir.selector import Selector
+
+
+@dataclass
+class Solution:
+    program_name: str
+    program_file: str
+    program_line: int
+    ir_hash: str
+    level: str
+    facts_text: str
+    params: tuple[str, ...]  # batch-dependent inputs, in declaration order
+    domains: dict[str, tuple]  # name -> (lo, hi, values)
+    outputs: dict[str, Any]  # selection point -> Node or constant
+    conditions: list
+    pin_nodes: dict[str, Node]
+    knobs: dict[str, tuple]  # name -> (choices, default)
+    axes: tuple[str, ...]
+    candidates: dict[str, tuple]
+    candidate_source: dict[str, str]
+    groups: list  # per condition group: (axis positions, {rejected projection: (cond, point)})
+    default: Optional[tuple]
+    stats: dict = field(default_factory=dict)
+    from_cache: bool = False
+
+    def __post_init__(self) -> None:
+        self._legal: Optional[list[tuple]] = None
+
+    @property
+    def legal(self) -> list[tuple]:
+        """Every legal assignment (enumerated on first use; membership needs no enumeration)."""
+        if self._legal is None:
+            self._legal = enumerate_legal(self.axes, self.candidates, self.groups)
+        return self._legal
+
+    def is_candidate(self, a: tuple) -> bool:
+        return all(x in self.candidates[ax] for ax, x in zip(self.axes, a))
+
+    # ---- assignments --------------------------------------------------------------------
+    def split(self, assignment: tuple) -> tuple[dict, dict]:
+        values = dict(zip(self.axes, assignment))
+        return ({k: values[k] for k in self.pin_nodes}, {k: values[k] for k in self.knobs})
+
+    def assignment(self, pins: dict, knobs: dict) -> tuple:
+        unknown = (set(pins) - set(self.pin_nodes)) | (set(knobs) - set(self.knobs))
+        if unknown:
+            raise SelIRError(f"selection {self.program_name} has no pin or knob named {sorted(unknown)}; "
+                             f"pins: {sorted(self.pin_nodes)}, knobs: {sorted(self.knobs)}")
+        missing = [a for a in self.axes if a not in pins and a not in knobs]
+        if missing:
+            raise SelIRError(f"selection {self.program_name}: no value given for {missing}")
+        return tuple(pins[a] if a in self.pin_nodes else knobs[a] for a in self.axes)
+
+    def check_legal(self, pins: dict, knobs: dict) -> None:
+        a = self.assignment(pins, knobs)
+        why = why_illegal(self.groups, a)
+        if why is None and self.is_candidate(a):
+            return
+        if why is None:
+            raise SelectionError(f"selection {self.program_name}: {dict(zip(self.axes, a))} is not "
+                                 f"among the candidates {self.candidates}")
+        cond, point = why
+        names = self.stats.get("point_names", ())
+        raise SelectionError(f"selection {self.program_name}: assignment {dict(zip(self.axes, a))} is "
+                             f"illegal: {self.conditions[cond].describe()} fails at inputs "
+                             f"{dict(zip(names, point))}")
+
+    def witness(self, pins: dict, knobs: dict) -> Optional[tuple[Any, dict]]:
+        """(condition, input point) showing why an assignment is illegal; None if it is legal."""
+        why = why_illegal(self.groups, self.assignment(pins, knobs))
+        if why is None:
+            return None
+        return self.conditions[why[0]], dict(zip(self.stats.get("point_names", ()), why[1]))
+
+    # ---- selectors ----------------------------------------------------------------------
+    def commit(self, pins: Optional[dict] = None, knobs: Optional[dict] = None) -> Selector:
+        """The detent arm: pins fixed to a legal assignment (the default tuple if none given)."""
+        if self.default is None:
+            raise SelIRError(f"selection {self.program_name} has no legal assignment")
+        d_pins, d_knobs = self.split(self.default)
+        pins = {**d_pins, **(pins or {})}
+        knobs = {**d_knobs, **(knobs or {})}
+        self.check_legal(pins, knobs)
+        return Selector(self, pins, knobs, "detent")
+
+    def stock(self, knobs: Optional[dict] = None) -> Selector:
+        """The stock arm: nothing pinned; selection reads the batch as engines ship it."""
+        knobs = {**{k: d for k, (_, d) in self.knobs.items()}, **(knobs or {})}
+        for k, v in knobs.items():
+            if k not in self.knobs or v not in self.knobs[k][0]:
+                raise SelIRError(f"selection {self.program_name}: knob {k}={v!r} is not declared "
+                                 f"or not one of its choices")
+        return Selector(self, {}, knobs, "stock")
