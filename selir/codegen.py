@@ -27,7 +27,9 @@ def lit(v: Any) -> str:
 
 
 def operand(a: Any) -> str:
-    return f"v{a.id}" if isinstance(a, Node) else lit(a)
+    if isinstance(a, Node):
+        return a.aux[0] if a.op == "input" else f"v{a.id}"
+    return lit(a)
 
 
 class Emitter:
@@ -100,6 +102,8 @@ class Emitter:
     def operand(self, a: Any) -> str:
         if isinstance(a, Node) and a.id in self.known:
             return lit(self.known[a.id])
+        if isinstance(a, Node) and a.id in self.pinned:
+            return f"v{a.id}"
         return operand(a)
 
     def _fold(self, n: Node) -> bool:
@@ -117,7 +121,8 @@ class Emitter:
         return False
 
     def lines(self, roots: Iterable[Any], indent: str = "    ") -> list[str]:
-        return [f"{indent}v{n.id} = {self.expr(n)}" for n in self.slice(roots) if not self._fold(n)]
+        return [f"{indent}v{n.id} = {self.expr(n)}" for n in self.slice(roots)
+                if not self._fold(n) and not (n.op == "input" and n.id not in self.pinned)]
 
     def prelude(self) -> list[str]:
         return [f"{k} = {v}" for k, v in self.tables.items()]

@@ -22,7 +22,6 @@ class Verdict:
     candidate_count: int
     groups: list  # (axis positions, {projection: (condition index, input point)}) per condition group
     points: Points
-    domain_skipped: int  # sampled points outside the domain stated by input-only assumes
     observed: dict[str, Counter] = field(default_factory=dict)
 
 
@@ -51,21 +50,17 @@ def judge(g: Any, pins: dict[str, Node], knobs: dict[str, tuple], domains: dict,
                                                      if n.op == "input"})
     criticals = {a for n in g.nodes.values() if n.op in ("lt", "le", "gt", "ge", "eq", "ne")
                  for a in n.args if not isinstance(a, Node) and type(a) in (int, float)}
-    pts = input_points(inputs, types, domains, criticals, seed)
     conds = g.conditions
     deps = [_deps(c.value, pin_ids) for c in conds]
-
     # input-only assumes describe the domain: points outside it are not inputs at all
     domain_ix = [i for i, (p, k) in enumerate(deps) if not p and not k and conds[i].kind == "assume"]
+    in_domain = None
     if domain_ix:
-        keep = compile_probe([conds[i].value for i in domain_ix], {}, {}, pts.names, (), "probe")(pts.rows)
-        rows = [r for r, ok in zip(pts.rows, keep) if all(ok)]
-    else:
-        rows = list(pts.rows)
-    skipped = len(pts.rows) - len(rows)
-    if not rows:
-        raise SelIRError("no sampled input satisfies the program's assumes; check its assume(...)s")
-    pts = Points(pts.names, rows, pts.exhaustive)
+        probe = compile_probe([conds[i].value for i in domain_ix], {}, {}, tuple(inputs), (), "probe")
+        in_domain = lambda rows: [r for r, ok in zip(rows, probe(rows)) if all(ok)]  # noqa: E731
+    pts = input_points(inputs, types, domains, criticals, seed, in_domain)
+    if not pts.rows:
+        raise SelIRError("no input point satisfies the program's assumes; check its assume(...)s")
 
     # candidates: value-set analysis, else the values the unpinned program takes on the points
     vs_cache: dict = {}
@@ -105,7 +100,7 @@ def judge(g: Any, pins: dict[str, Node], knobs: dict[str, tuple], domains: dict,
                 table[combo] = (idx[r[0]], pts.rows[r[1]])
         tables.append(([axes.index(a) for a in gaxes], table))
 
-    v = Verdict(axes, cands, source, total, tables, pts, skipped, observed)
+    v = Verdict(axes, cands, source, total, tables, pts, observed)
     return v
 
 

@@ -55,25 +55,30 @@ def ir_hash(g: DepGraph) -> str:
     return h.hexdigest()[:16]
 
 
+def analyze(program: Program, facts: dict, *, level: str = "full", cut: str = "min") -> tuple:
+    """Stages 2–4 only: the specialized program, its dependence graph and the named pins."""
+    if cut not in CUTS:
+        raise ValueError(f"cut must be one of {CUTS}, got {cut!r}")
+    spec = specialize(program, facts, level)
+    g = lower(spec)
+    if cut == "min":
+        c = min_cut(g)
+        pins, value = c.pins, c.value
+    else:
+        pins, value = trivial_cut(g), None
+    return spec, g, pin_names(g, pins, spec.builder.names), value
+
+
 def solve(program: Program, facts: dict, *, level: str = "full", cut: str = "min", seed: int = 0,
           cache: Optional[JITCache] = None) -> Solution:
     """Solve a program for a deployment. A JIT-cache hit skips every stage."""
-    if cut not in CUTS:
-        raise ValueError(f"cut must be one of {CUTS}, got {cut!r}")
     key = cache_key(program, facts, level=level, cut=cut, seed=seed)
     cache = cache if cache is not None else JITCache.default()
     hit = cache.load(key)
     if hit is not None:
         return hit
     t0 = time.perf_counter()
-    spec = specialize(program, facts, level)
-    g = lower(spec)
-    if cut == "min":
-        c = min_cut(g)
-        pins, cut_value = c.pins, c.value
-    else:
-        pins, cut_value = trivial_cut(g), None
-    named = pin_names(g, pins, spec.builder.names)
+    spec, g, named, cut_value = analyze(program, facts, level=level, cut=cut)
     domains = domains_of(spec)
     verdict = judge(g, named, spec.knobs, domains, spec.input_types, seed)
     stats = {
@@ -84,7 +89,7 @@ def solve(program: Program, facts: dict, *, level: str = "full", cut: str = "min
         "pins": list(named), "cut_value": cut_value,
         "candidate_count": verdict.candidate_count, "legal_count": None,
         "points_tried": len(verdict.points.rows), "points_exhaustive": verdict.points.exhaustive,
-        "points_outside_domain": verdict.domain_skipped, "point_names": list(verdict.points.names),
+        "point_names": list(verdict.points.names),
         "solve_seconds": None,
     }
     sol = Solution(

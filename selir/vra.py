@@ -58,12 +58,15 @@ def _axis(name: str, type_: str, domain: tuple) -> tuple:
     return ("int", int(lo), int(hi)) if type_ == "int" else ("float", lo, hi)
 
 
-def input_points(names: list[str], types: dict, domains: dict, criticals: set, seed: int) -> Points:
+def input_points(names: list[str], types: dict, domains: dict, criticals: set, seed: int,
+                 keep: Any = None) -> Points:
+    """All points of small domains, else a fixed seeded sample; `keep` filters rows in bulk."""
     axes = [_axis(n, types[n], domains.get(n, (None, None, None))) for n in names]
     sizes = [len(a[1]) if a[0] == "set" else a[2] - a[1] + 1 if a[0] == "int" else math.inf for a in axes]
     if math.prod(sizes) <= EXHAUSTIVE_LIMIT:
         full = [a[1] if a[0] == "set" else list(range(a[1], a[2] + 1)) for a in axes]
-        return Points(tuple(names), list(itertools.product(*full)), True)
+        rows = list(itertools.product(*full))
+        return Points(tuple(names), keep(rows) if keep else rows, True)
     rng = random.Random(seed)
     pools = []
     for a in axes:
@@ -73,18 +76,26 @@ def input_points(names: list[str], types: dict, domains: dict, criticals: set, s
             pools.append(sorted({a[1], a[2], *(c for c in criticals if a[1] <= c <= a[2])}))
         else:
             pools.append(a[1])
-    rows = {tuple(p[0] for p in pools), tuple(p[-1] for p in pools)}
-    while len(rows) < SAMPLE_POINTS:
-        row = []
-        for a, pool in zip(axes, pools):
-            if a[0] == "int" and rng.random() < 0.3:
-                row.append(rng.randint(a[1], a[2]))
-            elif a[0] == "float" and rng.random() < 0.5:
-                row.append(rng.uniform(a[1], a[2]))
-            else:
-                row.append(rng.choice(pool))
-        rows.add(tuple(row))
-    return Points(tuple(names), sorted(rows, key=repr), False)
+    rows: set = set()
+    for attempt in range(32):
+        batch = [tuple(p[0] for p in pools), tuple(p[-1] for p in pools)] if attempt == 0 else []
+        batch += [_draw(axes, pools, rng) for _ in range(SAMPLE_POINTS)]
+        rows.update(keep(batch) if keep else batch)
+        if len(rows) >= SAMPLE_POINTS:
+            break
+    return Points(tuple(names), sorted(rows, key=repr)[:SAMPLE_POINTS * 2], False)
+
+
+def _draw(axes: list, pools: list, rng: random.Random) -> tuple:
+    row = []
+    for a, pool in zip(axes, pools):
+        if a[0] == "int" and rng.random() < 0.3:
+            row.append(rng.randint(a[1], a[2]))
+        elif a[0] == "float" and rng.random() < 0.5:
+            row.append(rng.uniform(a[1], a[2]))
+        else:
+            row.append(rng.choice(pool))
+    return tuple(row)
 
 
 def value_set(n: Any, cache: dict, domains: dict) -> Optional[frozenset]:
@@ -148,5 +159,5 @@ def compile_probe(roots: list, pinned: dict[int, str], knobs: dict[str, str], in
 
 def _code(v: Any, pinned: dict) -> str:
     if isinstance(v, Node):
-        return pinned.get(v.id, f"v{v.id}")
+        return pinned.get(v.id) or (v.aux[0] if v.op == "input" else f"v{v.id}")
     return lit(v)
