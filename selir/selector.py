@@ -39,6 +39,11 @@ class Selector:
         self._select = self._namespace["select"]
         self.checked = self._namespace["_MEMO"]  # input combinations already checked
 
+    @property
+    def checks_run(self) -> int:
+        """How many input combinations were computed and checked (each at most once while memoised)."""
+        return self._namespace["_STATS"][0]
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._select(*args, **kwargs)
 
@@ -97,6 +102,7 @@ class Selector:
             "    return hit",
             "",
             f"def _compute({params}):",
+            "    _STATS[0] += 1",
             *checks[:len(sol.domains)],
             *body,
             *checks[len(sol.domains):],
@@ -131,6 +137,6 @@ class Selector:
                 f"outside its assumed domain ({allowed}, from the program's assume); no kernel may "
                 f"run with this selection")
 
-        ns["_fail"], ns["_fail_domain"] = _fail, _fail_domain
+        ns["_fail"], ns["_fail_domain"], ns["_STATS"] = _fail, _fail_domain, [0]
         exec(compile(self.source, f"<selector {sol.program_name} {self.arm}>", "exec"), ns)
         return ns

@@ -152,3 +152,5 @@ REFERENCE_FACTS = {
     "max_context": 4096, "max_batch": 256, "max_num_tokens": 8192, "smem_bytes": 227 * 1024,
     "dtype_bytes": 2,
 }
+
+PROGRAM = attention

@@ -1,0 +1,31 @@
+"""Every selection program with the reference deployments it is solved for in reports and tests."""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_MODULES = (
+    "detent_rl.kernels.selection.attention",
+    "detent_rl.kernels.selection.matmul",
+    "detent_rl.kernels.selection.moe",
+    "detent_rl.kernels.selection.allreduce",
+    "detent_rl.kernels.selection.sglang.triton_decode",
+    "detent_rl.kernels.selection.sglang.fa3",
+    "detent_rl.kernels.selection.sglang.moe_config",
+    "detent_rl.kernels.selection.sglang.custom_allreduce_v2",
+)
+
+
+def programs() -> dict[str, tuple[Any, dict[str, dict]]]:
+    """name -> (program, {deployment name: facts}); a module's main program shares its name."""
+    from detent_rl.selir.program import Program
+    out: dict[str, tuple[Any, dict[str, dict]]] = {}
+    for modname in _MODULES:
+        mod = importlib.import_module(modname)
+        deployments = getattr(mod, "DEPLOYMENTS", None) or {"reference": mod.REFERENCE_FACTS}
+        prog = getattr(mod, "PROGRAM", None) or getattr(mod, modname.rsplit(".", 1)[1])
+        if not isinstance(prog, Program):
+            raise TypeError(f"{modname} does not expose its selection program")
+        prefix = "sglang." if ".sglang." in modname else ""
+        out[prefix + prog.name] = (prog, deployments)
+    return out
