@@ -49,6 +49,11 @@ def cost_of(n: Node, dist: int, big: int) -> float:
 
 
 def min_cut(g: DepGraph) -> Cut:
+    for name, n in g.point_nodes(batch_only=True).items():
+        if n.op == "input" and n.aux[1] == "Unpinnable":
+            from detent_rl.selir.errors import SelIRError
+            raise SelIRError(f"selection point '{name}' is the Unpinnable input '{n.aux[0]}' itself: "
+                             "nothing can be pinned to make it batch-invariant")
     dist = distances_to_points(g)
     relevant = [i for i in g.batch_dependent if i in dist]  # on some batch -> point path
     big = (max(dist.values(), default=0) + 1) * (len(relevant) + 1)

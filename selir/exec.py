@@ -59,24 +59,27 @@ class Evaluator:
         if not isinstance(c, Node):
             return a if c else b
         if shape(a) != shape(b):
-            raise self.fail(prog, line, "the two branches give values of different shapes "
-                                        f"({shape(a)} vs {shape(b)}); they cannot be merged")
+            raise self.fail(prog, line, "two paths give values of different shapes "
+                                        f"({shape(a)} vs {shape(b)}); every return of a selection "
+                                        "must give the same selection points")
         return zip_leaves(lambda x, y: x if _same(x, y) else self.b.make("select", c, x, y), a, b)
 
     # ---- statements --------------------------------------------------------------------
     def block(self, prog: Any, stmts: tuple, env: dict, pc: Any) -> tuple[Any, Any]:
-        return self.sequence(prog, ((lambda live, st=st: self.stmt(prog, st, env, live)) for st in stmts), pc)
+        return self.sequence(prog, ((st.line, lambda live, st=st: self.stmt(prog, st, env, live))
+                                    for st in stmts), pc)
 
     def sequence(self, prog: Any, steps, pc: Any) -> tuple[Any, Any]:
+        """Run (line, step) pairs; a step returns (return condition, returned value)."""
         ret_c, ret_v = False, None
-        for step in steps:
+        for line, step in steps:
             live = self.and_(pc, self.not_(ret_c))
             if live is False:
                 break
             c, v = step(live)
             if c is False:
                 continue
-            ret_v = v if ret_c is False else self.merge(ret_c, ret_v, v, prog, 0)
+            ret_v = v if ret_c is False else self.merge(ret_c, ret_v, v, prog, line)
             ret_c = self.or_(ret_c, c)
             if ret_c is True:
                 break
@@ -125,7 +128,7 @@ class Evaluator:
                 self.bind(prog, st.line, st.targets, item, env)
                 return self.block(prog, st.body, env, live)
 
-            return self.sequence(prog, ((lambda live, it=it: body(live, it)) for it in coll), pc)
+            return self.sequence(prog, ((st.line, lambda live, it=it: body(live, it)) for it in coll), pc)
         raise self.fail(prog, st.line, f"unsupported statement {type(st).__name__}")
 
     def iterable(self, prog: Any, st: S.For, env: dict, pc: Any) -> tuple:

@@ -77,9 +77,6 @@ def judge(g: Any, pins: dict[str, Node], knobs: dict[str, tuple], domains: dict,
         cands[k], source[k] = tuple(choices), "knob"
     axes = tuple(pins) + tuple(knobs)
     total = math.prod(len(cands[a]) for a in axes)
-    if total > MAX_ASSIGNMENTS:
-        raise SelIRError(f"{total} candidate assignments exceed the limit {MAX_ASSIGNMENTS}; "
-                         "state tighter assumes or pin fewer values")
 
     # judge each group of conditions on the product of its own pins and knobs only
     groups: dict[tuple, list[int]] = {}
@@ -88,6 +85,11 @@ def judge(g: Any, pins: dict[str, Node], knobs: dict[str, tuple], domains: dict,
             groups.setdefault(tuple(a for a in axes if a in p or a in k), []).append(i)
     tables = []
     for gaxes, idx in groups.items():
+        size = math.prod(len(cands[a]) for a in gaxes)
+        if size > MAX_ASSIGNMENTS:
+            raise SelIRError(f"conditions {[conds[i].describe() for i in idx]} read {gaxes}, whose "
+                             f"{size} joint candidates exceed the limit {MAX_ASSIGNMENTS}; state "
+                             "tighter assumes or split the condition")
         params = tuple(f"_a{j}" for j in range(len(gaxes)))
         pinned = {pins[a].id: p for a, p in zip(gaxes, params) if a in pins}
         kn = {a: p for a, p in zip(gaxes, params) if a in knobs}
@@ -114,6 +116,10 @@ def why_illegal(groups: list, assignment: tuple) -> tuple | None:
 
 
 def enumerate_legal(axes: tuple, candidates: dict, groups: list) -> list[tuple]:
+    total = math.prod(len(candidates[x]) for x in axes)
+    if total > MAX_ASSIGNMENTS:
+        raise SelIRError(f"{total} candidate assignments are too many to enumerate "
+                         f"(limit {MAX_ASSIGNMENTS}); legality of a given tuple is still checked")
     return [a for a in itertools.product(*(candidates[x] for x in axes)) if why_illegal(groups, a) is None]
 
 

@@ -74,7 +74,9 @@ def interval(op: str, args: tuple[Optional[Interval], ...], aux: Any, is_int: bo
         if not _div_ok(b):
             return FULL
         q = _corners(lambda x, y: x / y, a, b)
-        return (math.floor(q[0]), math.floor(q[1])) if op == "floordiv" and all(map(math.isfinite, q)) else q
+        if op == "floordiv":  # floor is monotone, so flooring the corners bounds every quotient
+            return tuple(math.floor(v) if math.isfinite(v) else v for v in q)
+        return q
     if op == "mod":
         a, b = args
         if b[0] > 0:

@@ -9,6 +9,7 @@ from detent_rl.selir.cache import JITCache, cache_key
 from detent_rl.selir.cut import min_cut, trivial_cut
 from detent_rl.selir.graph import Node
 from detent_rl.selir.legal import default_assignment, judge
+from detent_rl.selir.vra import MAX_ASSIGNMENTS
 from detent_rl.selir.lower import DepGraph, lower
 from detent_rl.selir.program import Program, canonical
 from detent_rl.selir.solution import Solution
@@ -99,8 +100,9 @@ def solve(program: Program, facts: dict, *, level: str = "full", cut: str = "min
         outputs=dict(g.points), conditions=list(g.conditions), pin_nodes=named,
         knobs=dict(spec.knobs), axes=verdict.axes, candidates=verdict.candidates,
         candidate_source=verdict.candidate_source, groups=verdict.groups, default=None, stats=stats)
-    sol.default = default_assignment(verdict, spec.knobs, sol.legal)
-    stats["legal_count"] = len(sol.legal)
+    if verdict.candidate_count <= MAX_ASSIGNMENTS:
+        sol.default = default_assignment(verdict, spec.knobs, sol.legal)
+        stats["legal_count"] = len(sol.legal)
     stats["solve_seconds"] = round(time.perf_counter() - t0, 4)
     cache.store(key, sol)
     return sol

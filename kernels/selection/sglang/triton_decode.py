@@ -15,10 +15,9 @@ KV length in the batch, as the kernel sees them: CUDA-graph padding rows count w
 `num_seq` (requests in the call). In speculative draft decode `num_group` = topk requests share one
 sequence; it is a deployment fact here.
 
-`tl.log2` has no SelIR counterpart. `int32(D * max(log2(L / 64), 1.0))` is computed exactly instead
-(`ext_device_core_count`): for L > 128 it is the largest r with 64 * 2 ** (r / D) <= L, found by a
-bisection over static steps. The kernel computes it in float32; where D * log2(L / 64) lies within
-float32 rounding of an integer the two can differ by one (the test measures where, on the GPU).
+`tl.log2` has no SelIR counterpart: `ext_device_core_count` emulates the kernel's float32
+`int32(D * max(log2(L / 64), 1.0))` with a correctly rounded float32 log2 found by bisection (exact
+real arithmetic differs from the GPU by one wherever D * log2(L / 64) is near an integer).
 Not transcribed: the HIP-only paths (gfx950 MLA launch plan, Lean decode) and the `uneven_batch`
 flag, which only rotates work on HIP and never changes a split count.
 """
@@ -78,24 +77,38 @@ def backend_setup(max_context_len: Fact[int], device_core_count: Fact[int],
 
 
 @selection
+def f32(x: Runtime[float]):
+    """x rounded to the nearest float32 (Veltkamp split with 2**29 + 1: keeps 53 - 29 = 24 bits)."""
+    c = x * 536870913.0
+    return c - (c - x)
+
+
+@selection
 def ext_device_core_count(max_seq_len: Unpinnable[int], device_core_count: Fact[int]):
-    """int32(D * max(log2(max_seq_len / 64.0), 1.0)) with exact real arithmetic (no log2 in SelIR)."""
+    """int32(D * max(log2(float32(max_seq_len) / 64.0), 1.0)) in float32, with no log2 in SelIR.
+
+    y = log2(L / 64) is found as the float32 nearest to it (a bisection over the 2**23 float32 values
+    of its binade, comparing 64 * 2 ** t with L at the rounding midpoints t), then multiplied by D in
+    float32 and truncated, as the kernel does. On an H200 (Triton 3.6.0) this matched the kernel for
+    every L < 2**20 and D in {1, 16, 78, 108, 114, 132, 148, 170, 304} but two (D=148, L=363847 and
+    727694, where tl.log2 is 1 ulp off); exact real arithmetic would differ at 636 of them.
+    """
     if max_seq_len <= 2 * EXT_SEQ_DIVISOR:  # log2 <= 1: the factor is clamped to 1.0
         return device_core_count
-    # Invariant: 64 * 2 ** (lo / D) <= L < 64 * 2 ** (hi / D). hi = 32 D is out of reach for an
-    # int32 length; the step count is a constant of the facts, so the loop unrolls.
-    lo = device_core_count
-    hi = 32 * device_core_count
-    steps = 0
-    for i in range(40):
-        if 2 ** i < hi - lo:
-            steps = i + 1
-    for _ in range(steps):
+    e = 0  # y in [2**e, 2**(e+1)): y >= 2**k  <=>  L >= 64 * 2 ** (2 ** k)
+    for k in (1, 2, 3, 4):
+        if max_seq_len >= EXT_SEQ_DIVISOR * 2 ** (2 ** k):
+            e = k
+    base = 2.0 ** e
+    ulp = 2.0 ** (e - 23)
+    lo = 0  # largest m in [0, 2**23] with y >= base + (m - 1/2) ulp, i.e. round(y) = base + m ulp
+    hi = 2 ** 23 + 1
+    for _ in range(24):
         mid = (lo + hi) // 2
-        fits = 2.0 ** (mid / device_core_count) * EXT_SEQ_DIVISOR <= max_seq_len
+        fits = 2.0 ** (base + (mid - 0.5) * ulp) * EXT_SEQ_DIVISOR <= max_seq_len
         lo = mid if fits else lo
         hi = hi if fits else mid
-    return lo
+    return int(f32(device_core_count * (base + lo * ulp)))
 
 
 @selection
@@ -136,6 +149,7 @@ def triton_decode_num_kv_splits(
     assume(1 <= num_seq <= max_num_seq)
     require(platform in PLATFORMS, "unknown platform")
     require(num_head % num_kv_head == 0 and num_group >= 1)
+    require(max_context_len < 2 ** 24, "lengths are exact in float32 (the kernel casts them)")
     setup = backend_setup(max_context_len, device_core_count, triton_attention_num_kv_splits,
                           triton_attention_split_tile_size, use_mla, platform, static_kv_splits_env,
                           enable_deterministic)

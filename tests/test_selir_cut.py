@@ -1,0 +1,109 @@
+"""The cut: max-flow value equals a brute-force minimum vertex cut, and pins block every path."""
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings, strategies as st
+
+from detent_rl.selir.flow import INF, max_flow, min_vertex_cut
+from detent_rl.selir.solver import analyze
+from selir_helpers import HEADER, load_module
+
+
+def _blocks(edges, removed, sources, sinks) -> bool:
+    adj: dict = {}
+    for u, v in edges:
+        adj.setdefault(u, []).append(v)
+    seen, stack = set(), [s for s in sources if s not in removed]
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u in sinks:
+            return False
+        stack.extend(v for v in adj.get(u, []) if v not in removed)
+    return True
+
+
+@st.composite
+def small_dags(draw):
+    n = draw(st.integers(3, 8))
+    edges = [(u, v) for u in range(n) for v in range(u + 1, n) if draw(st.booleans())]
+    costs = {v: draw(st.sampled_from([1, 2, 3, 5, INF])) for v in range(n)}
+    sources = draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=2))
+    sinks = draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=3))
+    return n, edges, costs, sorted(sources), sorted(sinks)
+
+
+@settings(max_examples=300, deadline=None)
+@given(small_dags())
+def test_max_flow_cut_equals_brute_force_minimum(dag):
+    n, edges, costs, sources, sinks = dag
+    best = INF
+    for k in range(n + 1):
+        for removed in itertools.combinations(range(n), k):
+            cost = sum(costs[v] for v in removed)
+            if cost < best and _blocks(edges, set(removed), sources, set(sinks)):
+                best = cost
+    if best == INF:
+        try:
+            min_vertex_cut(edges, costs, sources, sinks)
+        except ValueError as e:
+            assert "infinite" in str(e)
+            return
+        raise AssertionError("an uncuttable graph must be reported")
+    value, cut = min_vertex_cut(edges, costs, sources, sinks)
+    assert value == best
+    assert sum(costs[v] for v in cut) == value
+    assert _blocks(edges, set(cut), sources, set(sinks))
+
+
+def test_max_flow_small_known_network():
+    # CLRS figure 26.1: maximum flow 23
+    e = [("s", "v1", 16), ("s", "v2", 13), ("v2", "v1", 4), ("v1", "v3", 12), ("v3", "v2", 9),
+         ("v2", "v4", 14), ("v4", "v3", 7), ("v3", "t", 20), ("v4", "t", 4)]
+    value, side = max_flow(e, "s", "t")
+    assert value == 23 and "s" in side and "t" not in side
+
+
+def _program_pins_block(g, pins) -> bool:
+    edges = [(u, v) for u, vs in g.users.items() for v in vs]
+    sources = [n.id for n in g.sources]
+    sinks = {n.id for n in g.point_nodes(batch_only=True).values()}
+    return _blocks(edges, {p.id for p in pins}, sources, sinks)
+
+
+def test_row_key_is_the_cut_and_pins_sit_nearest_the_points(tmp_path):
+    mod = load_module(HEADER + '''
+@selection
+def prog(m: Unpinnable[int], scale: Runtime[int]):
+    assume(1 <= m <= 64)
+    assume(1 <= scale <= 4)
+    mm = m * scale
+    key = nearest_key(TABLE, mm)
+    row = TABLE[key]
+    return {"a": row.a, "b": row.b, "wide": row.a > 2}
+''', tmp_path)
+    spec, g, pins, value = analyze(mod.prog, {})
+    # {scale} is one pin too, but `key` is nearer the selection points; {mm} and {key} tie on count
+    assert list(pins) == ["key"]
+    assert _program_pins_block(g, pins.values())
+    spec, g, none_pins, _ = analyze(mod.prog, {}, cut="none")
+    assert len(none_pins) == 3 and _program_pins_block(g, none_pins.values())
+
+
+def test_control_dependence_makes_a_branch_batch_dependent(tmp_path):
+    mod = load_module(HEADER + '''
+@selection
+def prog(n: Unpinnable[int], sms: Fact[int]):
+    assume(1 <= n <= 1000)
+    tile = 64
+    if n > sms:
+        tile = 128
+    return {"tile": tile, "fixed": sms * 2}
+''', tmp_path)
+    spec, g, pins, _ = analyze(mod.prog, {"sms": 132})
+    assert sorted(g.point_nodes(batch_only=True)) == ["tile"]
+    assert g.control, "the branch condition must reach `tile` through a control edge"
+    assert list(pins) == ["tile"]

@@ -1,0 +1,91 @@
+"""VRA: legal assignments hold everywhere tried, rejected ones carry a real witness; ranges are sound."""
+from __future__ import annotations
+
+import math
+import random
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from detent_rl.kernels.selection import allreduce, attention, matmul, moe
+from detent_rl.selir.errors import SelIRError
+from detent_rl.selir.legal import enumerate_legal, judge
+from detent_rl.selir.solver import analyze, domains_of
+from detent_rl.selir.vra import value_set
+from selir_helpers import RandomProgram, eval_graph, load_module
+
+SUPPRESS = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+
+
+def _check_verdict(spec, g, pins):
+    v = judge(g, pins, spec.knobs, domains_of(spec), spec.input_types, seed=0)
+    names = v.points.names
+    conds = [c.value for c in g.conditions]
+    pin_ids = [pins[a].id for a in v.axes if a in pins]
+    knob_axes = [a for a in v.axes if a in spec.knobs]
+    legal = enumerate_legal(v.axes, v.candidates, v.groups)
+    legal_set = set(legal)
+    rng = random.Random(1)
+    some_legal = rng.sample(legal, min(len(legal), 12))
+    some = [tuple(rng.choice(v.candidates[a]) for a in v.axes) for _ in range(40)]
+    for a in some_legal + [a for a in some if a not in legal_set]:
+        pinned = dict(zip(pin_ids, a[:len(pin_ids)]))
+        knobs = dict(zip(knob_axes, a[len(pin_ids):]))
+        if a in legal_set:  # every condition at every point tried
+            for row in v.points.rows:
+                assert all(eval_graph(conds, dict(zip(names, row)), knobs, pinned)), \
+                    f"legal {dict(zip(v.axes, a))} violates a condition at {dict(zip(names, row))}"
+        else:
+            from detent_rl.selir.legal import why_illegal
+            cond, point = why_illegal(v.groups, a)
+            assert not eval_graph([conds[cond]], dict(zip(names, point)), knobs, pinned)[0], \
+                f"witness for {dict(zip(v.axes, a))} does not violate {g.conditions[cond].describe()}"
+    return v, legal
+
+
+def test_vra_on_every_selection_program():
+    for mod in (attention, matmul, moe, allreduce):
+        spec, g, pins, _ = analyze(mod.PROGRAM, mod.REFERENCE_FACTS)
+        v, legal = _check_verdict(spec, g, pins)
+        assert legal, f"{mod.PROGRAM.name} has no legal assignment"
+        assert len(legal) <= v.candidate_count
+
+
+def test_vra_rejects_with_witnesses_on_attention():
+    spec, g, pins, _ = analyze(attention.attention, attention.REFERENCE_FACTS)
+    v, legal = _check_verdict(spec, g, pins)
+    assert len(legal) < v.candidate_count, "some assignments must be illegal (e.g. splits that miss keys)"
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=SUPPRESS)
+@given(seed=st.integers(0, 2**31))
+def test_vra_sound_on_random_programs(tmp_path, seed):
+    mod = load_module(RandomProgram(seed).source(), tmp_path)
+    try:
+        spec, g, pins, _ = analyze(mod.prog, {"f": 7})
+        _check_verdict(spec, g, pins)
+    except SelIRError as e:
+        assert "can never hold" in str(e) or "exceed the limit" in str(e) or "too many" in str(e), e
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=SUPPRESS)
+@given(seed=st.integers(0, 2**31))
+def test_ranges_and_value_sets_are_sound(tmp_path, seed):
+    mod = load_module(RandomProgram(seed).source(), tmp_path)
+    try:
+        spec, g, pins, _ = analyze(mod.prog, {"f": 7})
+    except SelIRError:
+        return
+    nodes = sorted(g.nodes.values(), key=lambda n: n.id)
+    domains = domains_of(spec)
+    sets = {n.id: value_set(n, {}, domains) for n in nodes}
+    rng = random.Random(seed)
+    (xlo, xhi), (ylo, yhi) = RandomProgram.INPUTS["x"], RandomProgram.INPUTS["y"]
+    for _ in range(60):
+        p = {"x": rng.randint(xlo, xhi), "y": rng.randint(ylo, yhi), "flag": rng.random() < 0.5}
+        k = {"k": rng.choice((0, 2, 5))}
+        for n, val in zip(nodes, eval_graph(nodes, p, k, {})):
+            lo, hi = n.range
+            if isinstance(val, (int, float)) and not (isinstance(val, float) and math.isnan(val)):
+                assert lo <= val <= hi, f"%{n.id} {n.op} = {val} outside {n.range}"
+            if sets[n.id] is not None:
+                assert val in sets[n.id], f"%{n.id} {n.op} = {val} outside its value set"
