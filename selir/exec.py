@@ -108,7 +108,7 @@ class Evaluator:
             elif ce is True:
                 env.clear(), env.update(env_t)
             else:
-                for k in set(env_t) | set(env_e):
+                for k in sorted(set(env_t) | set(env_e)):  # sorted: node ids must not depend on hashing
                     if k in env_t and k in env_e:
                         env[k] = self.merge(test, env_t[k], env_e[k], prog, st.line)
                     else:

@@ -85,12 +85,12 @@ def solve(program: Program, facts: dict, *, level: str = "full", cut: str = "min
     stats = {
         "values": len(g.nodes), "edges": g.edge_count, "control_edges": len(g.control),
         "selection_points": len(g.points),
-        "batch_dependent_points": sorted(g.point_nodes(batch_only=True)),
-        "batch_inputs": sorted(n.aux[0] for n in g.sources),
-        "pins": list(named), "cut_value": cut_value,
+        "batch_dependent_points": tuple(sorted(g.point_nodes(batch_only=True))),
+        "batch_inputs": tuple(sorted(n.aux[0] for n in g.sources)),
+        "pins": tuple(named), "cut_value": cut_value,
         "candidate_count": verdict.candidate_count, "legal_count": None,
         "points_tried": len(verdict.points.rows), "points_exhaustive": verdict.points.exhaustive,
-        "point_names": list(verdict.points.names),
+        "point_names": tuple(verdict.points.names),
         "solve_seconds": None,
     }
     sol = Solution(

@@ -5,9 +5,10 @@ Golden values and how they were produced (the throwaway scripts lived under /tmp
     0.5.23 wheel's kernels/ops/attention/metadata.py) run on an NVIDIA H200, Triton 3.6.0, torch
     2.11.0+cu130, on random batches; plus its two `ext_device_core_count` lines run alone over every
     max_seq_len < 2**20 for several SM counts.
-  * FA3: not runnable here (C++/CUDA). An independent plain-Python re-derivation of flash_api.cpp /
-    heuristics.h / tile_size.h / flash_prepare_scheduler.cu (sgl-flash-attn 10d78675), its float
-    arithmetic done in numpy.float32 as the C++ does, evaluated on random inputs.
+  * FA3: not runnable here (C++/CUDA, no sgl_kernel build). An independent plain-Python re-derivation
+    of flash_api.cpp (mha_fwd, mha_fwd_get_scheduler_metadata), heuristics.h, tile_size.h and
+    flash_prepare_scheduler.cu (sgl-flash-attn 10d78675), its float arithmetic done in numpy.float32
+    as the C++ does, evaluated on random inputs; the two float32 cases below were derived by hand.
   * MoE: SGLang's real `try_get_optimal_moe_config(..., return_down_config=True)` from the wheel's
     fused_moe_triton_config.py and its shipped config JSONs (torch/triton/sglang imports stubbed;
     device name, triton.__version__ and the deterministic flag set per case), followed by the
@@ -202,78 +203,88 @@ FA3_VARIANTS = {
     "mla_like_hd192_128": {"num_heads": 16, "num_heads_k": 16, "head_dim": 192, "head_dim_v": 128},
     "batch_prefill_nonvarlen": {"varlen_q": False, "varlen_k": False, "paged_kv": False, "max_seqlen_q_limit": 4096},
     "deterministic": {"deterministic": True},
+    "no_scheduler_metadata": {"scheduler_metadata": False},
     "hd64_v512_page128": {"num_heads": 64, "num_heads_k": 1, "head_dim": 64, "head_dim_v": 512, "page_size": 128,
                           "max_seqlen_q_limit": 8},
 }
-# (batch, max_seqlen_q, seqlen_k, seqused_k, batch_total_blocks) -> (num_splits, num_splits_dynamic,
+# (batch, max_seqlen_q, seqlen_k, metadata_seqlen_k, seqused_k, batch_total_blocks) -> (num_splits, num_splits_dynamic,
 #  pack_gqa, kBlockM, kBlockN, is_causal, is_local, paged_kv_non_tma), per deployment variant
 FA3_CASES = {
     "qwen3_30b_tp1": [
-        (3, 1, 20000, 1583, 2, 29, 13, True, 128, 128, True, False, True),
-        (3, 4, 5120, 1759, 2, 29, 14, True, 128, 128, True, False, True),
-        (8, 2, 512, 93, 1000, 1, 1, True, 128, 128, True, False, True),
-        (1, 1, 5120, 1091, 1000, 29, 1, True, 128, 128, True, False, True),
-        (2, 4, 10240, 5055, 10, 29, 29, True, 128, 128, True, False, True),
-        (256, 1, 10240, 7425, 240, 29, 8, True, 128, 128, True, False, True),
+        (2, 1, 2561, 243, 32, 1, 18, 1, True, 128, 128, True, False, True),
+        (2, 4, 10240, 5055, 1481, 120, 29, 3, True, 128, 128, True, False, True),
+        (3, 1, 40960, 4115, 489, 120, 29, 1, True, 128, 128, True, False, True),
+        (3, 1, 100, 54, 24, 360, 1, 1, True, 128, 128, True, False, True),
+        (32, 1, 20000, 16986, 15811, 1, 29, 29, True, 128, 128, True, False, True),
+        (256, 1, 2560, 2509, 2483, 120, 18, 5, True, 128, 128, True, False, True),
     ],
     "llama70b_tp8": [
-        (2, 2, 2561, 1390, 120, 18, 11, True, 128, 128, True, False, True),
-        (3, 1, 40960, 23984, 360, 109, 63, True, 128, 128, True, False, True),
-        (32, 2, 40960, 1186, 360, 109, 4, True, 128, 128, True, False, True),
-        (32, 4, 5120, 527, 120, 35, 5, True, 128, 128, True, False, True),
-        (1, 1, 640, 41, 240, 5, 1, True, 128, 128, True, False, True),
-        (256, 1, 20000, 8475, 10, 109, 67, True, 128, 128, True, False, True),
+        (8, 1, 64, 49, 43, 120, 1, 1, True, 128, 128, True, False, True),
+        (100, 4, 25528, 10687, 8097, 240, 109, 32, True, 128, 128, True, False, True),
+        (1, 2, 5120, 416, 10, 120, 35, 1, True, 128, 128, True, False, True),
+        (8, 1, 4096, 575, 516, 2, 28, 5, True, 128, 128, True, False, True),
+        (1, 1, 32808, 32577, 7210, 360, 109, 19, True, 128, 128, True, False, True),
+        (1, 1, 2561, 1638, 914, 240, 18, 4, True, 128, 128, True, False, True),
     ],
     "mha_hd64": [
-        (2, 1, 16932, 6624, 1000, 8, 1, True, 192, 128, False, False, True),
-        (8, 2, 512, 386, 360, 1, 1, True, 192, 128, True, False, True),
-        (256, 1, 640, 589, 10, 5, 3, True, 192, 128, False, False, True),
-        (100, 4, 20000, 7077, 240, 8, 2, True, 192, 128, True, False, True),
-        (2, 2, 20000, 14610, 240, 8, 4, True, 192, 128, True, False, True),
-        (256, 1, 1, 1, 46499, 1, 1, True, 192, 128, False, False, True),
+        (256, 1, 2561, 266, 18, 360, 7, 1, True, 192, 128, False, False, True),
+        (2, 2, 64, 34, 6, 2, 1, 1, True, 192, 128, True, False, True),
+        (32, 4, 20000, 3295, 1901, 2, 8, 7, True, 192, 128, True, False, True),
+        (2, 1, 5120, 1168, 813, 360, 8, 1, True, 192, 128, False, False, True),
+        (1, 1, 40960, 20561, 16761, 1, 8, 8, True, 192, 128, False, False, True),
+        (2, 1, 640, 170, 57, 360, 5, 1, True, 192, 128, False, False, True),
     ],
     "hd256_swa": [
-        (2, 1, 5120, 1168, 1000, 14, 1, True, 128, 64, False, True, True),
-        (1, 4, 2560, 2067, 10, 14, 14, True, 128, 64, False, True, True),
-        (8, 2, 640, 130, 2851, 7, 1, True, 128, 80, True, False, True),
-        (2, 4, 1, 1, 10, 1, 1, True, 128, 80, True, False, True),
-        (8, 1, 100, 32, 120, 1, 1, True, 128, 80, False, False, True),
-        (1, 4, 20000, 10624, 1000, 14, 3, True, 128, 64, False, True, True),
+        (1, 1, 40960, 2795, 278, 1, 14, 5, True, 128, 64, False, True, True),
+        (1, 4, 512, 68, 50, 120, 6, 1, True, 128, 80, True, False, True),
+        (8, 4, 100, 49, 15, 10, 1, 1, True, 128, 80, True, False, True),
+        (32, 1, 2560, 1893, 1813, 120, 14, 4, True, 128, 64, False, True, True),
+        (8, 1, 640, 619, 415, 120, 7, 1, True, 128, 80, False, False, True),
+        (256, 4, 5120, 1680, 975, 1, 14, 14, True, 128, 64, False, True, True),
     ],
     "fp8_hd128_page64": [
-        (32, 1, 2561, 6, 120, 15, 1, True, 128, 160, True, False, True),
-        (3, 1, 2560, 2011, 6272, 14, 1, True, 128, 160, True, False, True),
-        (100, 1, 10240, 5689, 240, 29, 5, True, 128, 160, True, False, True),
-        (32, 1, 512, 238, 10, 1, 1, True, 128, 160, True, False, True),
-        (1, 1, 32132, 22845, 2, 29, 29, True, 128, 160, True, False, True),
-        (32, 4, 2561, 957, 10, 15, 6, True, 128, 160, True, False, True),
+        (32, 4, 4096, 3379, 418, 5435, 23, 1, True, 128, 160, True, False, True),
+        (3, 1, 2561, 645, 44, 10, 15, 1, True, 128, 160, True, False, True),
+        (256, 4, 640, 561, 512, 2, 1, 1, True, 128, 160, True, False, True),
+        (256, 2, 5120, 719, 364, 120, 28, 1, True, 128, 160, True, False, True),
+        (2, 2, 2560, 964, 228, 1, 14, 2, True, 128, 160, True, False, True),
+        (100, 2, 2560, 385, 92, 240, 14, 1, True, 128, 160, True, False, True),
     ],
     "mla_like_hd192_128": [
-        (1, 1, 10240, 986, 1000, 8, 1, True, 128, 96, False, False, True),
-        (32, 1, 20000, 2720, 1, 8, 8, True, 128, 96, False, False, True),
-        (100, 2, 64, 24, 1000, 1, 1, True, 128, 96, True, False, True),
-        (256, 1, 2560, 569, 240, 7, 1, True, 128, 96, False, False, True),
-        (256, 1, 2561, 141, 1, 7, 2, True, 128, 96, False, False, True),
-        (1, 2, 10240, 2545, 1000, 8, 1, True, 128, 96, True, False, True),
+        (2, 1, 640, 466, 356, 120, 6, 1, True, 128, 96, False, False, True),
+        (32, 1, 20000, 2033, 795, 360, 8, 1, True, 128, 96, False, False, True),
+        (256, 4, 2560, 2172, 378, 360, 7, 1, True, 128, 96, True, False, True),
+        (100, 1, 2561, 641, 297, 120, 7, 1, True, 128, 96, False, False, True),
+        (32, 1, 100, 8, 2, 1, 1, 1, True, 128, 96, False, False, True),
+        (2, 1, 5120, 2962, 1217, 2, 8, 7, True, 128, 96, False, False, True),
     ],
     "batch_prefill_nonvarlen": [
-        (8, 7, 10240, 2961, 10, 4, 4, True, 128, 128, True, False, False),
-        (32, 7, 512, 82, 5730, 1, 1, True, 128, 128, True, False, False),
-        (256, 128, 512, 141, 120, 1, 1, False, 128, 128, True, False, False),
-        (1, 7, 10240, 9747, 360, 29, 29, True, 128, 128, True, False, False),
-        (3, 1, 20000, 18891, 120, 10, 10, True, 128, 176, False, False, False),
-        (1, 1, 2561, 561, 120, 13, 13, True, 128, 176, False, False, False),
+        (1, 128, 20000, 9371, 4120, 120, 4, 4, True, 128, 128, True, False, False),
+        (100, 2048, 64, 40, 40, 1000, 1, 1, False, 128, 128, True, False, False),
+        (1, 300, 512, 224, 96, 1, 1, 1, True, 128, 128, True, False, False),
+        (8, 1, 512, 118, 112, 10, 1, 1, True, 128, 176, False, False, False),
+        (2, 1, 4096, 1642, 579, 2, 14, 14, True, 128, 176, False, False, False),
+        (8, 1, 20000, 20000, 4475, 44973, 4, 4, True, 128, 176, False, False, False),
     ],
     "deterministic": [
-        (100, 2, 704, 3, 1, 1, 1, True, 128, 128, True, False, True),
+        (100, 1, 512, 278, 8, 360, 1, 1, True, 128, 128, True, False, True),
+        (2, 1, 27150, 27150, 20523, 360, 1, 1, True, 128, 128, True, False, True),
+    ],
+    "no_scheduler_metadata": [
+        (3, 1, 640, 206, 54, 38804, 5, 1, True, 128, 128, True, False, True),
+        (8, 1, 19327, 6915, 6868, 10, 29, 29, True, 128, 128, True, False, True),
+        (1, 4, 7403, 1322, 806, 1, 29, 7, True, 128, 128, True, False, True),
+        (1, 1, 2560, 696, 93, 1, 18, 1, True, 128, 128, True, False, True),
+        (1, 4, 512, 250, 199, 1, 1, 1, True, 128, 128, True, False, True),
+        (256, 4, 40960, 38902, 7592, 240, 29, 8, True, 128, 128, True, False, True),
     ],
     "hd64_v512_page128": [
-        (100, 4, 2561, 756, 360, 29, 4, True, 64, 64, True, False, False),
-        (3, 1, 100, 71, 240, 1, 1, True, 64, 64, False, False, True),
-        (8, 2, 40960, 10321, 2, 57, 57, True, 64, 64, True, False, False),
-        (1, 1, 4096, 1564, 360, 55, 9, True, 64, 64, False, False, True),
-        (1, 1, 40026, 33508, 10, 109, 109, True, 64, 64, False, False, True),
-        (3, 1, 5120, 3451, 2, 69, 54, True, 64, 64, False, False, True),
+        (100, 1, 512, 347, 34, 2, 7, 1, True, 64, 64, False, False, True),
+        (32, 1, 20000, 7719, 3544, 120, 109, 56, True, 64, 64, False, False, True),
+        (32, 1, 100, 29, 28, 120, 1, 1, True, 64, 64, False, False, True),
+        (32, 1, 10240, 9092, 529, 2596, 109, 1, True, 64, 64, False, False, True),
+        (2, 4, 640, 592, 32, 10, 9, 1, True, 64, 64, True, False, False),
+        (32, 1, 2561, 2098, 1676, 1, 35, 27, True, 64, 64, False, False, True),
     ],
 }
 FA3_POINTS = ("num_splits", "num_splits_dynamic", "pack_gqa", "kBlockM", "kBlockN", "is_causal", "is_local",
@@ -283,18 +294,18 @@ FA3_POINTS = ("num_splits", "num_splits_dynamic", "pack_gqa", "kBlockM", "kBlock
 def test_fa3_matches_rederivation():
     for name, cases in FA3_CASES.items():
         facts = {**FA3.REFERENCE_FACTS, **FA3_VARIANTS[name]}
-        for b, sq, sk, used, tot, *want in cases:
-            got = FA3.fa3_num_splits(batch=b, max_seqlen_q=sq, seqlen_k=sk, seqused_k=used, batch_total_blocks=tot,
-                                     **facts)
-            assert tuple(got[k] for k in FA3_POINTS) == tuple(want), (name, b, sq, sk, used, tot)
+        for b, sq, sk, meta, used, tot, *want in cases:
+            got = FA3.fa3_num_splits(batch=b, max_seqlen_q=sq, seqlen_k=sk, metadata_seqlen_k=meta, seqused_k=used,
+                                     batch_total_blocks=tot, **facts)
+            assert tuple(got[k] for k in FA3_POINTS) == tuple(want), (name, b, sq, sk, meta, used, tot)
             assert got["split_kernel"] == (want[0] > 1)
 
 
 def test_fa3_float32_arithmetic():
     """Cases where float64 arithmetic would pick differently from FA3's float32."""
     F = FA3.REFERENCE_FACTS
-    run = lambda sk, used, tot: FA3.fa3_num_splits(batch=4, max_seqlen_q=1, seqlen_k=sk, seqused_k=used,  # noqa: E731
-                                                   batch_total_blocks=tot, **F)
+    run = lambda sk, used, tot: FA3.fa3_num_splits(batch=4, max_seqlen_q=1, seqlen_k=sk, metadata_seqlen_k=sk,  # noqa
+                                                   seqused_k=used, batch_total_blocks=tot, **F)
     # 4 m-blocks, 132 SMs, 20 n-blocks: s=17 ties 0.85 * best exactly; float32 efficiencies pick 18 (float64: 17)
     assert run(2560, 2560, 80)["num_splits"] == 18
     # blocks_per_sm = ceilf(30 * 1.1f * 4 / 132): float32 gives exactly 1.0 -> 1 (float64: 1.0000000217 -> 2)
@@ -416,7 +427,9 @@ def test_moe_untranscribed_table_is_refused():
 # ---------------------------------------------------------------------------------------------
 # Custom all-reduce v2
 # ---------------------------------------------------------------------------------------------
-AR_SIZES = [16, 4096, 131072, 131088, 196608, 196624, 393216, 393232, 524272, 524288, 655360, 655376, 917504, 917520, 1048576, 1048592, 1310720, 1310736, 1572880, 2097152, 3145728, 3145744, 6291456, 8388608, 8388624, 16777216, 16777232, 41943040, 8388616]
+AR_SIZES = [16, 4096, 131072, 131088, 196608, 196624, 393216, 393232, 524272, 524288, 655360, 655376,
+            917504, 917520, 1048576, 1048592, 1310720, 1310736, 1572880, 2097152, 3145728, 3145744,
+            6291456, 8388608, 8388624, 16777216, 16777232, 41943040, 8388616]
 AR_PLANS = {0: ("nccl", False, False), 1: ("1shot_push", False, False), 2: ("2shot_push", False, False),
             3: ("1shot_pull", False, False), 4: ("1shot_pull", True, False), 5: ("2shot_pull", False, True),
             6: ("2shot_pull", False, False), 7: ("2shot_pull", True, False)}
@@ -508,8 +521,9 @@ def triton_inputs(draw_int, draw_bool=None, max_len=40960):
 
 def fa3_inputs(draw_int, draw_bool=None):
     sk = draw_int(1, 40960)
-    return dict(batch=draw_int(1, 256), max_seqlen_q=draw_int(1, 4), seqlen_k=sk, seqused_k=draw_int(1, sk),
-                batch_total_blocks=draw_int(1, 100000))
+    meta = draw_int(1, sk)
+    return dict(batch=draw_int(1, 256), max_seqlen_q=draw_int(1, 4), seqlen_k=sk, metadata_seqlen_k=meta,
+                seqused_k=draw_int(1, meta), batch_total_blocks=draw_int(1, 100000))
 
 
 def moe_inputs(draw_int, draw_bool=None):

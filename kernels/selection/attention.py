@@ -106,6 +106,8 @@ def attention(batch: Runtime[int], max_seqlen_q: Unpinnable[int], num_tokens: Un
     is_causal = not (max_seqlen_q == 1 and (d <= 64 or d > 128 or page_size == 0))
     tile = tile_fwd_16bit(d, is_causal, paged_kv_non_tma)
     block_n = tile.block_n
+    if split_stride != 0 and split_stride % block_n != 0:
+        block_n = 128  # our split kernel needs KV tiles that divide the fixed split size
     num_warps = 8 if tile.block_m >= 128 else 4
     stage_bytes = (tile.block_m + 2 * block_n) * d * dtype_bytes
     num_stages = 2 if 3 * stage_bytes > smem_bytes else 3

@@ -276,7 +276,8 @@ def fa3_num_splits(
         n_blocks = (seqused_k + meta.kBlockN - 1) // meta.kBlockN
         heads = num_heads_k if meta.pack_gqa else num_heads
         scaled = f32(f32(f32(float(batch_total_blocks)) * F32_1_1) * heads)
-        blocks_per_sm = ceil(f32(scaled / num_sms))
+        # >= 1 since total >= 1; the max(., 1) only tells SelIR so (no implicit division check)
+        blocks_per_sm = max(ceil(f32(scaled / num_sms)), 1)
         split_dynamic = max(min((n_blocks + blocks_per_sm - 1) // blocks_per_sm, meta.num_splits), 1)
     require(1 <= split_dynamic <= main.num_splits, "a request's splits fit out_accum (sized by num_splits)")
     return {"num_splits": main.num_splits, "split_kernel": main.num_splits > 1, "num_splits_dynamic": split_dynamic,

@@ -1,0 +1,78 @@
+"""SelIR speed: cold solve, JIT-cache hit, repin and the selector call, median of 5 runs each.
+
+Usage: python bench/selir_bench.py [--program attention] [--runs 5]
+All figures are measured in this one process, side by side, on the machine it runs on.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import tempfile
+import time
+import timeit
+
+from detent_rl.kernels.selection.registry import programs
+from detent_rl.selir.cache import JITCache
+from detent_rl.selir.solver import solve
+
+TARGETS_MS = {"cold solve": 5000.0, "cache hit": 20.0, "repin": 4.0}
+TARGET_CALL_US = 5.0
+
+
+def median_ms(fn, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def bench(name: str, runs: int) -> list[tuple[str, float, str, bool]]:
+    program, deployments = programs()[name]
+    facts = next(iter(deployments.values()))
+    rows = []
+    cold = median_ms(lambda: solve(program, facts, cache=JITCache(enabled=False)), runs)
+    rows.append(("cold solve", cold, "ms", cold <= TARGETS_MS["cold solve"]))
+    with tempfile.TemporaryDirectory() as d:
+        cache = JITCache(d)
+        solve(program, facts, cache=cache)
+        hit = median_ms(lambda: solve(program, facts, cache=cache), runs)
+        assert solve(program, facts, cache=cache).from_cache
+    rows.append(("cache hit", hit, "ms", hit <= TARGETS_MS["cache hit"]))
+    sol = solve(program, facts, cache=JITCache(enabled=False))
+    sel = sol.commit()
+    legal = sol.legal
+    alternatives = [sol.split(a) for a in legal[:: max(1, len(legal) // runs)][:runs]]
+    it = iter(alternatives * 2)
+    rep = median_ms(lambda: sel.repin(*next(it)), runs)
+    rows.append(("repin", rep, "ms", rep <= TARGETS_MS["repin"]))
+    args = tuple((lo if lo is not None else values[0]) for lo, hi, values in
+                 (sol.domains.get(p, (None, None, (False, True))) for p in sol.params))
+    sel(*args)  # seen once: the call sites' steady state
+    per_call = []
+    for _ in range(runs):
+        n = 200_000
+        per_call.append(timeit.timeit(lambda: sel(*args), number=n) / n * 1e6)
+    call = statistics.median(per_call)
+    rows.append(("selector call (seen input)", call, "us", call <= TARGET_CALL_US))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--program", default="attention")
+    ap.add_argument("--runs", type=int, default=5)
+    args = ap.parse_args()
+    print(f"# SelIR bench: program {args.program}, median of {args.runs}, "
+          f"Python {platform.python_version()}, {platform.machine()}")
+    print("| measurement | median | target | met |")
+    print("|---|---|---|---|")
+    for what, value, unit, ok in bench(args.program, args.runs):
+        target = TARGETS_MS.get(what, TARGET_CALL_US)
+        print(f"| {what} | {value:.3f} {unit} | <= {target:g} {unit} | {'yes' if ok else 'NO'} |")
+
+
+if __name__ == "__main__":
+    main()

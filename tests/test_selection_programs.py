@@ -1,0 +1,98 @@
+"""Our kernel families' selection programs: the pins the issue promises, and invariance when committed."""
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import pytest
+
+from detent_rl.kernels.selection import allreduce, attention, matmul, moe
+from detent_rl.selir.cache import JITCache
+from detent_rl.selir.solver import analyze, solve
+
+MODULES = (attention, matmul, moe, allreduce)
+
+
+def _random_inputs(sol, rng: random.Random) -> tuple:
+    out = []
+    for name in sol.params:
+        lo, hi, values = sol.domains.get(name, (None, None, (False, True)))
+        out.append(rng.choice(values) if values is not None else rng.randint(int(lo), int(hi)))
+    return tuple(out)
+
+
+def _valid(call, args):
+    from detent_rl.selir import SelectionError
+    try:
+        return call(*args)
+    except SelectionError:
+        return None
+
+
+@pytest.mark.parametrize("mod", MODULES, ids=lambda m: m.PROGRAM.name)
+def test_committed_is_invariant_and_stock_is_not(mod):
+    sol = solve(mod.PROGRAM, mod.REFERENCE_FACTS, cache=JITCache(enabled=False))
+    assert sol.stats["pins"], "every family here has batch-dependent selection points"
+    committed, stock = sol.commit(), sol.stock()
+    rng = random.Random(0)
+    got, seen_stock = set(), set()
+    for _ in range(3000):
+        args = _random_inputs(sol, rng)
+        c, s = _valid(committed, args), _valid(stock, args)
+        if c is not None:
+            got.add(c)
+        if s is not None:
+            seen_stock.add(s)
+    assert len(got) == 1, f"committed {mod.PROGRAM.name} changed with the batch: {got}"
+    assert len(seen_stock) > 1, f"negative control: stock {mod.PROGRAM.name} never changed"
+
+
+def test_moe_cut_is_the_row_key():
+    spec, g, pins, _ = analyze(moe.fused_moe, moe.REFERENCE_FACTS)
+    assert list(pins) == ["row_key"]
+    assert pins["row_key"].op == "nearest"
+    governed = [p for p, n in g.point_nodes(batch_only=True).items()]
+    assert len(governed) >= 6  # every config field, blocked by one pin
+    _, _, none_pins, _ = analyze(moe.fused_moe, moe.REFERENCE_FACTS, cut="none")
+    assert len(none_pins) == len(governed)
+
+
+def test_constant_folding_alone_needs_more_pins_on_attention():
+    _, g_full, full, _ = analyze(attention.attention, attention.REFERENCE_FACTS, level="full")
+    _, g_fold, fold, _ = analyze(attention.attention, attention.REFERENCE_FACTS, level="fold")
+    assert len(fold) > len(full)
+    assert len(g_fold.nodes) > len(g_full.nodes)
+    # what range analysis proves: no int64 indexing below 2^31 elements, batch within the PDL limit
+    assert {"int64_index", "varlen_pdl"} <= set(fold) and not {"int64_index", "varlen_pdl"} & set(full)
+
+
+def test_attention_stride_knob_makes_split_boundaries_fixed():
+    sol = solve(attention.attention, attention.REFERENCE_FACTS, cache=JITCache(enabled=False))
+    stock = sol.stock({"split_stride": 1024})
+    sizes = {stock(b, 1, b, k).split_size for b in (1, 8, 64, 256) for k in (100, 1000, 4000)}
+    assert sizes == {1024}
+    fa3 = sol.stock({"split_stride": 0})
+    assert len({fa3(b, 1, b, 4000).split_size for b in (1, 8, 64, 256)}) > 1
+
+
+def test_allreduce_legality_follows_the_workspace():
+    sol = solve(allreduce.allreduce, allreduce.REFERENCE_FACTS, cache=JITCache(enabled=False))
+    legal = [dict(zip(sol.axes, a)) for a in sol.legal]
+    assert all(not a["use_graph_buffers"] for a in legal), "graph buffers cannot serve eager calls"
+    assert not any(a["algorithm"] == "one_shot_push" for a in legal), "messages outgrow the push slot"
+    assert any(a["algorithm"] == "two_shot_pull" for a in legal)
+
+
+def test_report_command_and_dot(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "detent_rl.solve", "--report", "--program", "fused_moe",
+                          "--program", "attention"], capture_output=True, text=True, check=True).stdout
+    assert "== fused_moe on reference ==" in out and "pins, full analysis         1: row_key" in out
+    assert "pins, constant folding only 6" in out and "pins, full analysis         4" in out
+    assert "legal" in out and "candidates" in out
+    dot = tmp_path / "moe.dot"
+    subprocess.run([sys.executable, "-m", "detent_rl.solve", "--program", "fused_moe", "--dot", str(dot)],
+                   check=True, capture_output=True)
+    text = dot.read_text()
+    assert text.startswith('digraph "fused_moe on reference"') and "[PIN]" in text and "row_key" in text
+    assert "#984ea3" in text  # the Unpinnable input is tinted
