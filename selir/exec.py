@@ -111,6 +111,8 @@ class Evaluator:
                 for k in sorted(set(env_t) | set(env_e)):  # sorted: node ids must not depend on hashing
                     if k in env_t and k in env_e:
                         env[k] = self.merge(test, env_t[k], env_e[k], prog, st.line)
+                        if isinstance(env[k], Node):  # a value merged from branches keeps its name
+                            self.b.names.setdefault(env[k].id, k)
                     else:
                         env[k] = env_t.get(k, env_e.get(k))
             c = self.or_(self.and_(test, ct), self.and_(self.not_(test), ce))

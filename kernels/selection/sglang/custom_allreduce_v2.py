@@ -1,13 +1,14 @@
 """SGLang 0.5.23, custom all-reduce v2: which algorithm an all-reduce of `nbytes` runs (SelIR transcription).
 
 Transcribes, from the `sglang==0.5.23` wheel (`srt/distributed/device_communicators/`):
-  * `configs/custom_all_reduce_v2.py`: the raw `_sm100_configs` (139-203), `_sm107_configs`
-    (206-261), `_sm90_configs` (264-312) and default (315-333) tables, `Heuristic.max_push_bytes`,
-    `max_pull_bytes`, `clip`, `two_shot_push_slot_bytes`, `two_shot_push_max_bytes` (17-131);
-  * `custom_all_reduce_v2.py`: `CustomAllReduceV2.__init__` workspace sizing and clipping (109-224:
+  * `configs/custom_all_reduce_v2.py`: the raw `_sm100_configs` (141-203), `_sm107_configs`
+    (207-261), `_sm90_configs` (265-312) and default (`_get_all_reduce_configs`, 315-333) tables,
+    `Heuristic.max_push_bytes`, `max_pull_bytes`, `clip`, `two_shot_push_slot_bytes`,
+    `two_shot_push_max_bytes` (17-131);
+  * `custom_all_reduce_v2.py`: `CustomAllReduceV2.__init__` workspace sizing and clipping (110-224:
     `max_size` cap, forced sizes, 1 KiB alignment, pull plane on/off), multicast turned off without
-    a multicast pointer (`_init_workspace`), `_pick_config` (385-399), `should_custom_ar` (401-415)
-    and the override path of `custom_all_reduce` (456-484).
+    a multicast pointer (`_init_workspace`, 265-~360), `_pick_config` (385-399), `should_custom_ar`
+    (401-415) and the override path of `custom_all_reduce` (456-484).
 
 The clipped thresholds are computed here from the raw tables and the `max_size` fact (default 16 MiB,
 `SGLANG_CUSTOM_ALL_REDUCE_V2_MAX_SIZE_KB`), as the constructor does. `can_use_graph` is
@@ -209,3 +210,5 @@ REFERENCE_FACTS = {
     "force_pull_size_kb": -1, "force_push_size_kb": -1, "graph_mode_supported": True, "override_algo": "",
     "max_nbytes": 8192 * 8192 * 2,
 }
+
+PROGRAM = custom_allreduce_v2  # the module's main program (for the registry and reports)

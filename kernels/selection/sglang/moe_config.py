@@ -159,3 +159,5 @@ REFERENCE_FACTS = {
     "deterministic": False, "low_smem_fp8": False, "is_hip": False, "support_tma": True,
     "max_num_tokens": 8192,
 }
+
+PROGRAM = fused_moe_config  # the module's main program (for the registry and reports)

@@ -181,3 +181,5 @@ REFERENCE_FACTS = {
     "triton_attention_split_tile_size": 0, "use_mla": False, "platform": "cuda",
     "static_kv_splits_env": False, "enable_deterministic": False,
 }
+
+PROGRAM = triton_decode_num_kv_splits  # the module's main program (for the registry and reports)
