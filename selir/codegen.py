@@ -55,16 +55,9 @@ class Emitter:
 
     def slice(self, roots: Iterable[Any]) -> list[Node]:
         """Nodes the roots need, stopping at pinned nodes and knobs, in topological order."""
-        seen: dict[int, Node] = {}
-        stack = [r for r in roots if isinstance(r, Node)]
-        while stack:
-            n = stack.pop()
-            if n.id in seen:
-                continue
-            seen[n.id] = n
-            if n.id not in self.pinned and n.op != "knob":
-                stack.extend(n.operands)
-        return sorted(seen.values(), key=lambda n: n.id)
+        from detent_rl.selir.lower import reachable
+        need = reachable(list(roots), stop=lambda n: n.id in self.pinned or n.op == "knob")
+        return sorted(need.values(), key=lambda n: n.id)
 
     def expr(self, n: Node) -> str:
         if n.id in self.pinned:

@@ -7,7 +7,7 @@ branch makes everything it chooses between batch-dependent too.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from detent_rl.selir.graph import Node
 
@@ -36,8 +36,8 @@ class DepGraph:
         return sum(len(u) for u in self.users.values())
 
 
-def reachable(roots: list[Node]) -> dict[int, Node]:
-    """Every node the roots read, by id."""
+def reachable(roots: list, stop: Callable[[Node], bool] = lambda n: False) -> dict[int, Node]:
+    """Every node the roots read, by id; the operands of nodes where `stop` holds are not followed."""
     seen: dict[int, Node] = {}
     stack = [r for r in roots if isinstance(r, Node)]
     while stack:
@@ -45,7 +45,8 @@ def reachable(roots: list[Node]) -> dict[int, Node]:
         if n.id in seen:
             continue
         seen[n.id] = n
-        stack.extend(n.operands)
+        if not stop(n):
+            stack.extend(n.operands)
     return seen
 
 
