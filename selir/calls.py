@@ -25,7 +25,7 @@ def eval_call(ev: Any, prog: Any, e: S.Call, args: list, kwargs: dict, env: dict
         for x in items[1:]:
             out = b.make(f, out, x)
         return out
-    if f in ("abs", "int", "float", "bool", "ceil"):
+    if f in ("abs", "int", "float", "bool", "ceil", "float32"):
         if len(args) != 1 or kwargs or shape(args[0]) != "scalar":
             raise ev.fail(prog, e.line, f"{f}(x) takes one scalar")
         return b.make("truth" if f == "bool" else f, args[0])

@@ -13,7 +13,7 @@ from detent_rl.selir import ops
 from detent_rl.selir.graph import Node
 
 RUNTIME_HELPERS = {"_fdiv": ops.fdiv, "_tdiv": ops.tdiv, "_mod": ops.mod, "_pow": ops.power,
-                   "_ceil": ops.ceil, "_trunc": ops.trunc, "_nearest": ops.nearest}
+                   "_ceil": ops.ceil, "_trunc": ops.trunc, "_nearest": ops.nearest, "_f32": ops.to_float32}
 
 
 def lit(v: Any) -> str:
@@ -79,7 +79,8 @@ class Emitter:
         if op == "select":
             return f"({a[1]} if {a[0]} else {a[2]})"
         unary = {"neg": "(-{})", "pos": "(+{})", "not": "(not {})", "truth": "bool({})",
-                 "abs": "abs({})", "int": "_trunc({})", "float": "float({})", "ceil": "_ceil({})"}
+                 "abs": "abs({})", "int": "_trunc({})", "float": "float({})", "ceil": "_ceil({})",
+                 "float32": "_f32({})"}
         if op in unary:
             return unary[op].format(a[0])
         if op == "lookup":

@@ -50,7 +50,7 @@ def _key(a: Any) -> Any:
 def _result_type(op: str, types: list[str]) -> str:
     if op in ops.COMPARISONS or op in ("not", "truth", "member"):
         return "bool"
-    if op in ("truediv", "float"):
+    if op in ("truediv", "float", "float32"):
         return "float"
     if op in ("int", "ceil"):
         return "int"
@@ -92,7 +92,12 @@ class Builder:
                 return out
         types = [a.type if isinstance(a, Node) else const_type(a) for a in args]
         t = _result_type(op, types)
-        rng = ranges.interval(op, tuple(self.range(a) for a in args), aux, t in ("int", "bool"))
+        if op == "select":  # path-sensitive: `x if x > 0 else 1` is at least 1
+            arg_ranges = (self.range(args[0]), _refine(args[0], args[1], True, self.range(args[1])),
+                          _refine(args[0], args[2], False, self.range(args[2])))
+        else:
+            arg_ranges = tuple(self.range(a) for a in args)
+        rng = ranges.interval(op, arg_ranges, aux, t in ("int", "bool"))
         return self._intern(op, args, aux, t, rng)
 
     def _intern(self, op: str, args: tuple, aux: Any, type: str, rng: Interval) -> Node:
@@ -156,6 +161,10 @@ class Builder:
                 return c
             if isinstance(c, Node) and c.op == "not":
                 return self.make("select", c.args[0], y, x)
+            if x is True and _negates(c, y):  # c or (not c)
+                return True
+            if y is False and _negates(c, x):  # c and (not c)
+                return False
         if op == "truth" and isinstance(a, Node) and a.type == "bool":
             return a
         if op == "not" and isinstance(a, Node) and a.op == "not" and _is(a.args[0], "bool"):
@@ -207,6 +216,45 @@ class Builder:
                     and all(v in aux for v in range(int(lo), int(hi) + 1)):
                 return True
         return _NO
+
+
+_NEGATION = {"eq": "ne", "ne": "eq", "lt": "ge", "ge": "lt", "le": "gt", "gt": "le"}
+
+
+def _negates(a: Any, b: Any) -> bool:
+    """Whether bool node b is the negation of bool node a (same operands, opposite comparison)."""
+    if not (isinstance(a, Node) and isinstance(b, Node)):
+        return False
+    if b.op == "not" and b.args[0] is a or a.op == "not" and a.args[0] is b:
+        return True
+    return _NEGATION.get(a.op) == b.op and a.args == b.args and \
+        all(x is y for x, y in zip(a.args, b.args)) and a.type == b.type == "bool" and \
+        all(not isinstance(x, Node) or x.type in ("int", "bool", "str") for x in a.args)
+
+
+def _refine(cond: Any, value: Any, holds: bool, rng: Optional[Interval]) -> Optional[Interval]:
+    """Narrow value's range on the arm of `select(cond, ...)` where cond is `holds`."""
+    if rng is None or not isinstance(cond, Node) or cond.op not in _NEGATION or not isinstance(value, Node):
+        return rng
+    op = cond.op if holds else _NEGATION[cond.op]
+    a, b = cond.args
+    if b is value and a is not value:
+        a, b, op = b, a, {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le", "eq": "eq", "ne": "ne"}[op]
+    if a is not value or isinstance(b, Node) or type(b) not in (int, float):
+        return rng
+    lo, hi = rng
+    step = 1 if value.type == "int" and type(b) is int else 0
+    if op == "gt":
+        lo = max(lo, b + step)
+    elif op == "ge":
+        lo = max(lo, b)
+    elif op == "lt":
+        hi = min(hi, b - step)
+    elif op == "le":
+        hi = min(hi, b)
+    elif op == "eq":
+        lo, hi = max(lo, b), min(hi, b)
+    return (lo, hi) if lo <= hi else rng
 
 
 def _is(v: Any, t: str) -> bool:

@@ -56,6 +56,12 @@ def ceil(x: float) -> int:
     return math.ceil(x)
 
 
+def float32(x: float) -> float:
+    """`x` rounded to the nearest float32 (ties to even), for transcribing float32 host code."""
+    from detent_rl.selir.ops import to_float32
+    return to_float32(x)
+
+
 def record(cls: type) -> type:
     """A frozen record usable as a value and as a table row inside selection programs."""
     out = dataclasses.dataclass(frozen=True)(cls)

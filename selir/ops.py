@@ -7,6 +7,7 @@ reach a live path, the specializer adds an implicit `require` that rejects the i
 from __future__ import annotations
 
 import math
+import struct
 from typing import Any, Callable
 
 
@@ -31,6 +32,17 @@ def power(a: Any, b: Any) -> Any:
 
 def ceil(x: Any) -> int:
     return math.ceil(x) if math.isfinite(x) else 0
+
+
+def to_float32(x: Any) -> float:
+    """Round to the nearest float32 (ties to even), as a C float cast does; overflow gives inf."""
+    try:
+        return _F32.unpack(_F32.pack(x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+_F32 = struct.Struct("f")
 
 
 def trunc(x: Any) -> int:
@@ -62,7 +74,7 @@ BINARY: dict[str, Callable[[Any, Any], Any]] = {
 }
 UNARY: dict[str, Callable[[Any], Any]] = {
     "neg": lambda a: -a, "pos": lambda a: +a, "not": lambda a: not a, "truth": bool,
-    "abs": abs, "int": trunc, "float": float, "ceil": ceil,
+    "abs": abs, "int": trunc, "float": float, "ceil": ceil, "float32": to_float32,
 }
 SYMBOL = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%",
           "pow": "**", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}

@@ -12,7 +12,7 @@ from detent_rl.selir import lang, syntax as S
 from detent_rl.selir.errors import SelIRError
 
 BUILTINS = ("min", "max", "abs", "int", "float", "bool", "len", "range")
-LANG_CALLS = ("knob", "nearest_key", "ceil")
+LANG_CALLS = ("knob", "nearest_key", "ceil", "float32")
 CHECKS = ("require", "assume")
 SCALAR_TYPES = ("int", "float", "bool", "str", "tuple")
 

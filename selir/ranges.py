@@ -100,6 +100,9 @@ def interval(op: str, args: tuple[Optional[Interval], ...], aux: Any, is_int: bo
         return (f(lo) if math.isfinite(lo) else lo, f(hi) if math.isfinite(hi) else hi)
     if op == "float":
         return args[0]
+    if op == "float32":  # rounding to nearest is monotone
+        from detent_rl.selir.ops import to_float32
+        return (to_float32(args[0][0]), to_float32(args[0][1]))
     if op == "select":
         a, b = args[1], args[2]
         if a is None or b is None:

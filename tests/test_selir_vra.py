@@ -89,3 +89,21 @@ def test_ranges_and_value_sets_are_sound(tmp_path, seed):
                 assert lo <= val <= hi, f"%{n.id} {n.op} = {val} outside {n.range}"
             if sets[n.id] is not None:
                 assert val in sets[n.id], f"%{n.id} {n.op} = {val} outside its value set"
+
+
+def test_path_sensitive_ranges_prove_divisors_nonzero(tmp_path):
+    mod = load_module(RandomProgram(0).source().split("@selection")[0] + '''
+@selection
+def prog(v: Runtime[int], mode: Fact[int]):
+    assume(-5 <= v <= 50)
+    d = v if v > 0 else 1
+    stride = knob("stride", (0, 4, 8), 0)
+    q = 100 // d
+    r = 0 if stride == 0 else 64 // stride
+    return {"q": q, "r": r}
+''', tmp_path)
+    from detent_rl.selir.specialize import specialize
+    spec = specialize(mod.prog, {"mode": 0})
+    assert spec.conditions == [], [c.describe() for c in spec.conditions]
+    fold = specialize(mod.prog, {"mode": 0}, level="fold")
+    assert len(fold.conditions) == 3  # the bounding assume and both implicit division checks remain

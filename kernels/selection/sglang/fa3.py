@@ -25,13 +25,13 @@ Float arithmetic: C++ computes the wave efficiencies, `should_pack_gqa`'s effici
 gives other answers at real inputs (e.g. 4 KV-head m-blocks, 132 SMs, 20 n-blocks: float64 picks 17
 splits, float32 18), so every float32 operation is emulated: computed in float64 (exact for products
 of float32 values, and correctly rounded twice for quotients since 53 >= 2*24+2) and rounded to
-float32 by `f32` (Veltkamp splitting). `total_mblocks >= 0.8f * num_SMs` is the integer test
+float32 by SelIR's `float32` builtin (whose range analysis knows rounding is monotone). `total_mblocks >= 0.8f * num_SMs` is the integer test
 `5 * total >= 4 * num_SMs`: 0.8f * N rounds back to 4N/5 when that is an integer (< 2**24), and is
 otherwise at least 0.2 from one.
 """
 from __future__ import annotations
 
-from detent_rl.selir import Fact, Runtime, Unpinnable, assume, ceil, record, require, selection
+from detent_rl.selir import float32, Fact, Runtime, Unpinnable, assume, ceil, record, require, selection
 
 SIZE_L2 = 50 * 1024 * 1024  # num_splits_heuristic's assumed L2
 MAX_SPLITS = 128  # get_num_splits passes 128
@@ -45,13 +45,6 @@ class Tile:
     kBlockN: int
     MmaPV_is_RS: bool
     IntraWGOverlap: bool
-
-
-@selection
-def f32(x: Runtime[float]):
-    """x rounded to the nearest float32 (Veltkamp split with 2**29 + 1: keeps 53 - 29 = 24 bits)."""
-    c = x * 536870913.0
-    return c - (c - x)
 
 
 @selection
@@ -135,14 +128,14 @@ def num_splits_heuristic(total_mblocks: Runtime[int], num_sms: Fact[int], num_n_
     max_eff = 0.0
     for s in range(1, 129):
         if s <= cap:
-            n_waves = f32(total_mblocks * s / num_sms)
-            eff = f32(n_waves / ceil(n_waves))
+            n_waves = float32(total_mblocks * s / num_sms)
+            eff = float32(n_waves / ceil(n_waves))
             max_eff = eff if eff > max_eff else max_eff
     chosen = 0  # the smallest split count within 85% of the best efficiency
     for s in range(1, 129):
         if chosen == 0 and s <= cap:
-            n_waves = f32(total_mblocks * s / num_sms)
-            if f32(n_waves / ceil(n_waves)) >= 0.85 * max_eff:  # float promoted to double
+            n_waves = float32(total_mblocks * s / num_sms)
+            if float32(n_waves / ceil(n_waves)) >= 0.85 * max_eff:  # float promoted to double
                 chosen = s
     return chosen if chosen > 0 else 1
 
@@ -152,8 +145,8 @@ def should_pack_gqa(varlen_q: Fact[bool], seqlen_q: Runtime[int], qhead_per_khea
     if varlen_q:
         return True
     packed = seqlen_q * qhead_per_khead
-    nopack_eff = f32(seqlen_q / ((seqlen_q + block_m - 1) // block_m * block_m))
-    pack_eff = f32(packed / ((packed + block_m - 1) // block_m * block_m))
+    nopack_eff = float32(seqlen_q / ((seqlen_q + block_m - 1) // block_m * block_m))
+    pack_eff = float32(packed / ((packed + block_m - 1) // block_m * block_m))
     return nopack_eff < 0.9 * pack_eff
 
 
@@ -276,9 +269,9 @@ def fa3_num_splits(
     else:
         n_blocks = (seqused_k + meta.kBlockN - 1) // meta.kBlockN
         heads = num_heads_k if meta.pack_gqa else num_heads
-        scaled = f32(f32(f32(float(batch_total_blocks)) * F32_1_1) * heads)
+        scaled = float32(float32(float32(float(batch_total_blocks)) * F32_1_1) * heads)
         # >= 1 since total >= 1; the max(., 1) only tells SelIR so (no implicit division check)
-        blocks_per_sm = max(ceil(f32(scaled / num_sms)), 1)
+        blocks_per_sm = max(ceil(float32(scaled / num_sms)), 1)
         split_dynamic = max(min((n_blocks + blocks_per_sm - 1) // blocks_per_sm, meta.num_splits), 1)
     require(1 <= split_dynamic <= main.num_splits, "a request's splits fit out_accum (sized by num_splits)")
     return {"num_splits": main.num_splits, "split_kernel": main.num_splits > 1, "num_splits_dynamic": split_dynamic,

@@ -23,7 +23,7 @@ flag, which only rotates work on HIP and never changes a split count.
 """
 from __future__ import annotations
 
-from detent_rl.selir import Fact, Runtime, Unpinnable, assume, knob, record, require, selection
+from detent_rl.selir import float32, Fact, Runtime, Unpinnable, assume, knob, record, require, selection
 
 MLA_DECODE_MIN_BLOCK_KV = 32  # _MLA_DECODE_MIN_BLOCK_KV
 EXT_SEQ_DIVISOR = 64  # ext_seq_len = max_seq_len / 64.0
@@ -77,13 +77,6 @@ def backend_setup(max_context_len: Fact[int], device_core_count: Fact[int],
 
 
 @selection
-def f32(x: Runtime[float]):
-    """x rounded to the nearest float32 (Veltkamp split with 2**29 + 1: keeps 53 - 29 = 24 bits)."""
-    c = x * 536870913.0
-    return c - (c - x)
-
-
-@selection
 def ext_device_core_count(max_seq_len: Unpinnable[int], device_core_count: Fact[int]):
     """int32(D * max(log2(float32(max_seq_len) / 64.0), 1.0)) in float32, with no log2 in SelIR.
 
@@ -108,7 +101,7 @@ def ext_device_core_count(max_seq_len: Unpinnable[int], device_core_count: Fact[
         fits = 2.0 ** (base + (mid - 0.5) * ulp) * EXT_SEQ_DIVISOR <= max_seq_len
         lo = mid if fits else lo
         hi = hi if fits else mid
-    return int(f32(device_core_count * (base + lo * ulp)))
+    return int(float32(device_core_count * (base + lo * ulp)))
 
 
 @selection
