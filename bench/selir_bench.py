@@ -1,11 +1,12 @@
 """SelIR speed: cold solve, JIT-cache hit, repin and the selector call, median of 5 runs each.
 
-Usage: python bench/selir_bench.py [--program attention] [--runs 5]
+Usage: python bench/selir_bench.py [--program attention ...| --all] [--runs 5]
 All figures are measured in this one process, side by side, on the machine it runs on.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import platform
 import statistics
 import tempfile
@@ -45,7 +46,7 @@ def bench(name: str, runs: int) -> list[tuple[str, float, str, bool]]:
     sel = sol.commit()
     legal = sol.legal
     alternatives = [sol.split(a) for a in legal[:: max(1, len(legal) // runs)][:runs]]
-    it = iter(alternatives * 2)
+    it = itertools.cycle(alternatives)
     rep = median_ms(lambda: sel.repin(*next(it)), runs)
     rows.append(("repin", rep, "ms", rep <= TARGETS_MS["repin"]))
     args = tuple((lo if lo is not None else values[0]) for lo, hi, values in
@@ -62,16 +63,18 @@ def bench(name: str, runs: int) -> list[tuple[str, float, str, bool]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--program", default="attention")
+    ap.add_argument("--program", action="append", help="program(s) to time (default: attention); --all for every one")
+    ap.add_argument("--all", action="store_true")
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
-    print(f"# SelIR bench: program {args.program}, median of {args.runs}, "
-          f"Python {platform.python_version()}, {platform.machine()}")
-    print("| measurement | median | target | met |")
-    print("|---|---|---|---|")
-    for what, value, unit, ok in bench(args.program, args.runs):
-        target = TARGETS_MS.get(what, TARGET_CALL_US)
-        print(f"| {what} | {value:.3f} {unit} | <= {target:g} {unit} | {'yes' if ok else 'NO'} |")
+    names = list(programs()) if args.all else (args.program or ["attention"])
+    print(f"# SelIR bench: median of {args.runs}, Python {platform.python_version()}, {platform.machine()}")
+    print("| program | measurement | median | target | met |")
+    print("|---|---|---|---|---|")
+    for name in names:
+        for what, value, unit, ok in bench(name, args.runs):
+            target = TARGETS_MS.get(what, TARGET_CALL_US)
+            print(f"| {name} | {what} | {value:.3f} {unit} | <= {target:g} {unit} | {'yes' if ok else 'NO'} |")
 
 
 if __name__ == "__main__":

@@ -2,14 +2,15 @@
 
 Key: sha256 of the canonical program (with its tables and inlined helpers), the facts, the solve
 options, the detent_rl and SelIR format versions and the Python version. Each entry is
-`<sha256 of body>\\n<json body>`, written to a temporary file and renamed into place, so readers
-never see a torn file; an entry whose checksum or structure is wrong is reported, removed and
-re-solved.
+`<sha256 of body>\\n<body>`, the body being the solution as plain data in `marshal` format (fast
+to load; the Python version is in the key, and the checksum is verified before anything is
+decoded). Entries are written to a temporary file and renamed into place, so readers never see a
+torn file; an entry whose checksum or structure is wrong is reported, removed and re-solved.
 """
 from __future__ import annotations
 
 import hashlib
-import json
+import marshal
 import os
 import platform
 import tempfile
@@ -24,7 +25,7 @@ from detent_rl.selir.lower import reachable
 from detent_rl.selir.program import Program, canonical
 from detent_rl.selir.specialize import Cond
 
-FORMAT = 1
+FORMAT = 2
 ENV_DIR = "DETENT_CACHE_DIR"
 ENV_DISABLE = "DETENT_CACHE_DISABLE"
 
@@ -39,47 +40,29 @@ def cache_key(program: Program, facts: dict, **options: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def enc(v: Any) -> Any:
-    if isinstance(v, Node):
-        return {"n": v.id}
-    if isinstance(v, float):
-        return {"f": v.hex()}
-    if isinstance(v, (tuple, list)):
-        return {"t": [enc(x) for x in v]}
-    if isinstance(v, dict):
-        return {"d": [[enc(k), enc(x)] for k, x in v.items()]}
-    if v is None or isinstance(v, (bool, int, str)):
-        return v
-    raise TypeError(f"cannot store {v!r} in the JIT cache")
+def _ref(v: Any) -> tuple:
+    return (1, v.id) if isinstance(v, Node) else (0, v)
 
 
-def dec(v: Any, nodes: dict[int, Node]) -> Any:
-    if isinstance(v, dict):
-        (tag, x), = v.items()
-        if tag == "n":
-            return nodes[x]
-        if tag == "f":
-            return float.fromhex(x)
-        if tag == "t":
-            return tuple(dec(i, nodes) for i in x)
-        if tag == "d":
-            return {dec(k, nodes): dec(i, nodes) for k, i in x}
-        raise ValueError(f"unknown tag {tag!r}")
-    return v
+def _deref(r: tuple, nodes: dict[int, Node]) -> Any:
+    return nodes[r[1]] if r[0] else r[1]
+
+
+_FIELDS = ("program_name", "program_file", "program_line", "ir_hash", "level", "facts_text", "params",
+           "domains", "knobs", "axes", "candidates", "candidate_source", "default", "stats")
 
 
 def dump_solution(sol: Any) -> dict:
+    """A Solution as plain data (tuples, dicts, scalars): marshal-able, node references by id."""
     roots = list(sol.outputs.values()) + [c.value for c in sol.conditions] + list(sol.pin_nodes.values())
     nodes = sorted(reachable(roots).values(), key=lambda n: n.id)
     return {
-        "nodes": [[n.id, n.op, enc(n.args), enc(n.aux), n.type] for n in nodes],
-        "conditions": [[c.kind, enc(c.value), c.line, c.file, c.text, c.message] for c in sol.conditions],
-        "fields": {k: enc(getattr(sol, k)) for k in (
-            "program_name", "program_file", "program_line", "ir_hash", "level", "facts_text",
-            "params", "domains", "outputs", "knobs", "axes", "candidates", "candidate_source",
-            "default", "stats")},
+        "nodes": tuple((n.id, n.op, tuple(_ref(a) for a in n.args), n.aux, n.type) for n in nodes),
+        "outputs": {k: _ref(v) for k, v in sol.outputs.items()},
+        "conditions": tuple((c.kind, _ref(c.value), c.line, c.file, c.text, c.message) for c in sol.conditions),
+        "fields": {k: getattr(sol, k) for k in _FIELDS},
         "pin_nodes": {k: n.id for k, n in sol.pin_nodes.items()},
-        "groups": [[pos, [[enc(a), i, enc(p)] for a, (i, p) in table.items()]] for pos, table in sol.groups],
+        "groups": tuple((tuple(pos), table) for pos, table in sol.groups),
     }
 
 
@@ -87,14 +70,11 @@ def load_solution(data: dict) -> Any:
     from detent_rl.selir.solution import Solution
     nodes: dict[int, Node] = {}
     for i, op, args, aux, type_ in data["nodes"]:
-        nodes[i] = Node(i, op, dec(args, nodes), dec(aux, nodes), type_, ranges.FULL)
-    f = {k: dec(v, nodes) for k, v in data["fields"].items()}
-    f["stats"]["point_names"] = tuple(f["stats"].get("point_names", ()))
-    conds = [Cond(k, dec(v, nodes), line, file, text, msg) for k, v, line, file, text, msg in data["conditions"]]
-    groups = [(list(pos), {dec(a, nodes): (i, dec(p, nodes)) for a, i, p in table})
-              for pos, table in data["groups"]]
-    return Solution(**f, conditions=conds, pin_nodes={k: nodes[i] for k, i in data["pin_nodes"].items()},
-                    groups=groups, from_cache=True)
+        nodes[i] = Node(i, op, tuple(nodes[v] if k else v for k, v in args), aux, type_, ranges.FULL)
+    conds = [Cond(k, _deref(v, nodes), line, file, text, msg) for k, v, line, file, text, msg in data["conditions"]]
+    return Solution(**data["fields"], outputs={k: _deref(v, nodes) for k, v in data["outputs"].items()},
+                    conditions=conds, pin_nodes={k: nodes[i] for k, i in data["pin_nodes"].items()},
+                    groups=[(list(pos), table) for pos, table in data["groups"]], from_cache=True)
 
 
 class JITCache:
@@ -111,7 +91,7 @@ class JITCache:
         return cls()
 
     def path(self, key: str) -> Path:
-        return self.directory / f"{key}.json"
+        return self.directory / f"{key}.selir"
 
     def load(self, key: str) -> Optional[Any]:
         if not self.enabled:
@@ -126,7 +106,7 @@ class JITCache:
             digest, _, body = raw.partition(b"\n")
             if hashlib.sha256(body).hexdigest().encode() != digest:
                 raise ValueError("checksum mismatch (truncated or corrupted)")
-            sol = load_solution(json.loads(body))
+            sol = load_solution(marshal.loads(body))
         except Exception as e:  # any damage means: re-solve, never trust the entry
             self.corrupt += 1
             warnings.warn(f"JIT cache entry {p} is corrupt ({e}); re-solving", RuntimeWarning, stacklevel=3)
@@ -138,7 +118,7 @@ class JITCache:
     def store(self, key: str, sol: Any) -> None:
         if not self.enabled:
             return
-        body = json.dumps(dump_solution(sol), separators=(",", ":")).encode()
+        body = marshal.dumps(dump_solution(sol))
         self.directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{key[:16]}.", suffix=".tmp")
         try:

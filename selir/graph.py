@@ -98,6 +98,8 @@ class Builder:
         else:
             arg_ranges = tuple(self.range(a) for a in args)
         rng = ranges.interval(op, arg_ranges, aux, t in ("int", "bool"))
+        if op == "floordiv":
+            rng = self._cdiv_range(args, rng)
         return self._intern(op, args, aux, t, rng)
 
     def _intern(self, op: str, args: tuple, aux: Any, type: str, rng: Interval) -> Node:
@@ -108,6 +110,24 @@ class Builder:
             self.nodes.append(node)
             self._interned[key] = node
         return node
+
+    def _cdiv_range(self, args: tuple, rng: Interval) -> Interval:
+        """`(x + d - 1) // d` is ceil(x / d): keep the correlation interval arithmetic loses."""
+        n, d = args
+        if not (isinstance(n, Node) and n.op == "sub" and n.args[1] == 1 and type(n.args[1]) is int):
+            return rng
+        add = n.args[0]
+        if not (isinstance(add, Node) and add.op == "add"):
+            return rng
+        x, d2 = add.args
+        if not (d2 is d or (not isinstance(d, Node) and not isinstance(d2, Node) and d2 == d)):
+            return rng
+        rx, rd = self.range(x), self.range(d)
+        if rx is None or rd is None or rx[0] < 0 or rd[0] <= 0 or not _is(x, "int") or not _is(d, "int"):
+            return rng
+        lo = -(-rx[0] // rd[1]) if math.isfinite(rd[1]) else (1 if rx[0] > 0 else 0)
+        hi = -(-rx[1] // rd[0]) if math.isfinite(rx[1]) else rx[1]
+        return (max(rng[0], lo), min(rng[1], hi))
 
     @staticmethod
     def range(v: Any) -> Optional[Interval]:

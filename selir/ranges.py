@@ -65,6 +65,12 @@ def interval(op: str, args: tuple[Optional[Interval], ...], aux: Any, is_int: bo
         return (args[0][0] - args[1][1], args[0][1] - args[1][0])
     if op == "mul":
         return _corners(_mul, args[0], args[1])
+    if op == "pow":  # a**b (a > 0, or a >= 0 with b >= 0) is monotone in each argument: corners
+        a, b = args
+        ok = a[0] > 0 or (a[0] >= 0 and b[0] >= 0)
+        if ok and all(map(math.isfinite, a + b)) and -1000 <= b[0] and b[1] <= 64:
+            return _corners(lambda x, y: float(x) ** y if isinstance(x, float) else x ** y, a, b)
+        return FULL
     if op == "neg":
         return (-args[0][1], -args[0][0])
     if op == "pos":

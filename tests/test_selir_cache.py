@@ -69,7 +69,7 @@ def test_table_contents_are_part_of_the_key(tmp_path):
 def test_corrupt_entry_is_detected_and_resolved(tmp_path, damage):
     cache = JITCache(tmp_path)
     good = solve(attn_mod.attention, FACTS, cache=cache)
-    [path] = list(tmp_path.glob("*.json"))
+    [path] = list(tmp_path.glob("*.selir"))
     raw = path.read_bytes()
     if damage == "truncate":
         path.write_bytes(raw[: len(raw) // 2])
@@ -121,7 +121,7 @@ def test_concurrent_writers_never_leave_a_torn_file(tmp_path):
 def test_directory_from_env_and_disable_switch(tmp_path, monkeypatch):
     monkeypatch.setenv("DETENT_CACHE_DIR", str(tmp_path / "from-env"))
     solve(attn_mod.attention, FACTS)
-    assert list((tmp_path / "from-env").glob("*.json"))
+    assert list((tmp_path / "from-env").glob("*.selir"))
     monkeypatch.setenv("DETENT_CACHE_DIR", str(tmp_path / "off"))
     monkeypatch.setenv("DETENT_CACHE_DISABLE", "1")
     assert not solve(attn_mod.attention, FACTS).from_cache
