@@ -37,11 +37,11 @@ PADS = (1, 8, 16, 64, 128)
 @selection
 def gemm_bucket(m: Unpinnable[int]):
     """The smallest table key that is at least m (the last key for anything larger)."""
-    key = 8192
+    bucket = 8192
     for k in (256, 128, 64, 32, 16):
         if m <= k:
-            key = k
-    return key
+            bucket = k
+    return bucket
 
 
 @selection
