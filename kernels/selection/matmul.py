@@ -53,7 +53,7 @@ def matmul(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[int], sme
     bucket = gemm_bucket(m_padded)
     tile = GEMM_TILES[bucket]
     stage = (tile.block_m + tile.block_n) * tile.block_k * dtype_bytes
-    require(k % (tile.split_k * tile.block_k) == 0, "split-K chunks must tile K exactly")
+    require((k + tile.block_k - 1) // tile.block_k >= tile.split_k, "every split-K part gets a K block")
     require(stage * tile.num_stages <= smem_bytes, "the pipelined tiles must fit in shared memory")
     return {"tile": tile, "pad_m": pad}
 

@@ -1,0 +1,64 @@
+"""Our Triton linear (pinned tile) vs cuBLAS (torch.matmul), side by side in one run on the GPU.
+
+Command: python bench/kernels_matmul_bench.py
+Prints a markdown table: per shape and M, the median time (triton.testing.do_bench) of
+  - stock: our kernel with the stock selection for this M (split-K below 32 rows),
+  - detent default: the pinned default tuple (one tile for every M),
+  - detent best: the fastest legal tuple for this M (what the per-workload tuner can reach),
+  - cuBLAS: torch.matmul,
+and each as a ratio to cuBLAS.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from detent_rl.kernels.matmul import linear
+from detent_rl.kernels.selection.matmul import matmul as matmul_program
+from detent_rl.selir.cache import JITCache
+from detent_rl.selir.solver import solve
+
+SHAPES = {"qkv 896->1152": (1152, 896), "gate_up 896->9728": (9728, 896), "down 4864->896": (896, 4864),
+          "lm_head 896->151936": (151936, 896)}
+ROWS = (1, 8, 32, 128, 512, 2048)
+
+
+def main() -> None:
+    print(f"# GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, bf16")
+    print("| shape | M | cuBLAS us | stock | detent default | detent best (tile m,n,k,split) |")
+    print("|---|---|---|---|---|---|")
+    for label, (n, k) in SHAPES.items():
+        facts = {"n": n, "k": k, "max_m": 8192, "smem_bytes": 227 * 1024, "dtype_bytes": 2}
+        sol = solve(matmul_program, facts, cache=JITCache(enabled=False))
+        stock, default = sol.stock(), sol.commit()
+        tuples = [sol.commit(*sol.split(a)) for a in sol.legal if dict(zip(sol.axes, a))["pad_m"] == 1]
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        for m in ROWS:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            cublas = triton.testing.do_bench(lambda: x @ w.t(), warmup=25, rep=100)
+            t_stock = _time(x, w, stock(m))
+            t_default = _time(x, w, default(m))
+            best = min((_time(x, w, t(m)), _tile(t(m))) for t in tuples)
+            print(f"| {label} | {m} | {cublas * 1e3:.1f} | {t_stock / cublas:.2f}x | {t_default / cublas:.2f}x "
+                  f"| {best[0] / cublas:.2f}x ({best[1]}) |")
+
+
+def _kw(cfg) -> dict:
+    d = cfg._asdict()
+    return dict(block_m=d["tile_block_m"], block_n=d["tile_block_n"], block_k=d["tile_block_k"],
+                group_m=d["tile_group_m"], num_warps=d["tile_num_warps"], num_stages=d["tile_num_stages"],
+                split_k=d["tile_split_k"])
+
+
+def _tile(cfg) -> str:
+    kw = _kw(cfg)
+    return f"{kw['block_m']},{kw['block_n']},{kw['block_k']},{kw['split_k']}"
+
+
+def _time(x, w, cfg) -> float:
+    kw = _kw(cfg)
+    return triton.testing.do_bench(lambda: linear(x, w, **kw), warmup=25, rep=100)
+
+
+if __name__ == "__main__":
+    main()
