@@ -9,6 +9,7 @@ _MODULES = (
     "detent_rl.kernels.selection.matmul",
     "detent_rl.kernels.selection.moe",
     "detent_rl.kernels.selection.allreduce",
+    "detent_rl.kernels.selection.rows",
     "detent_rl.kernels.selection.sglang.triton_decode",
     "detent_rl.kernels.selection.sglang.fa3",
     "detent_rl.kernels.selection.sglang.moe_config",
@@ -22,6 +23,9 @@ def programs() -> dict[str, tuple[Any, dict[str, dict]]]:
     out: dict[str, tuple[Any, dict[str, dict]]] = {}
     for modname in _MODULES:
         mod = importlib.import_module(modname)
+        if hasattr(mod, "PROGRAMS"):  # a module of several families
+            out.update(mod.PROGRAMS)
+            continue
         deployments = getattr(mod, "DEPLOYMENTS", None) or {"reference": mod.REFERENCE_FACTS}
         prog = getattr(mod, "PROGRAM", None) or getattr(mod, modname.rsplit(".", 1)[1])
         if not isinstance(prog, Program):

@@ -49,4 +49,8 @@ def elementwise(num_rows: Unpinnable[int], width: Fact[int], max_rows: Fact[int]
 REFERENCE_FACTS = {"hidden": 896, "max_rows": 8192}
 LOG_SOFTMAX_FACTS = {"vocab": 151936, "max_rows": 8192}
 
-PROGRAM = rmsnorm
+PROGRAMS = {
+    "rmsnorm": (rmsnorm, {"qwen2-0.5b": REFERENCE_FACTS}),
+    "log_softmax": (log_softmax, {"qwen2-0.5b": LOG_SOFTMAX_FACTS}),
+    "elementwise": (elementwise, {"qwen2-0.5b-mlp": {"width": 4864, "max_rows": 8192}}),
+}
