@@ -79,7 +79,8 @@ if triton is not None:
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
-    assert x.dim() == 2 and w.dim() == 2, f"linear expects x [M, K] and w [N, K], got {tuple(x.shape)}, {tuple(w.shape)}"
+    assert x.dim() == 2 and w.dim() == 2, \
+        f"linear expects x [M, K] and w [N, K], got {tuple(x.shape)}, {tuple(w.shape)}"
     assert x.shape[1] == w.shape[1], f"K mismatch: x {tuple(x.shape)} vs w {tuple(w.shape)}"
     assert x.dtype == w.dtype, f"dtype mismatch: {x.dtype} vs {w.dtype}"
     assert x.device == w.device, "x and w must be on one device"

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from detent_rl.selir import ops, syntax as S
+from detent_rl.selir import syntax as S
 from detent_rl.selir.errors import SelIRError
-from detent_rl.selir.graph import Builder, Node, const_type
-from detent_rl.selir.lang import is_record, is_record_type
-from detent_rl.selir.values import Rec, as_rec, shape, zip_leaves
+from detent_rl.selir.graph import Builder, Node
+from detent_rl.selir.values import shape, zip_leaves
 
 MAX_INLINE_DEPTH = 32
 

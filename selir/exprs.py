@@ -5,8 +5,7 @@ from typing import Any
 
 from detent_rl.selir import ops, syntax as S
 from detent_rl.selir.graph import Node
-from detent_rl.selir.lang import is_record_type
-from detent_rl.selir.values import Rec, as_rec, is_static, shape, zip_leaves
+from detent_rl.selir.values import as_rec, is_static, shape, zip_leaves
 
 
 def eval_expr(ev: Any, prog: Any, e: S.Expr, env: dict, pc: Any) -> Any:
@@ -21,16 +20,16 @@ def eval_expr(ev: Any, prog: Any, e: S.Expr, env: dict, pc: Any) -> Any:
     if isinstance(e, S.Global):
         return e.value
     if isinstance(e, S.Bin):
-        l, r = rec(e.left), rec(e.right)
+        left, r = rec(e.left), rec(e.right)
         op = ops.FROM_SYNTAX[e.op]
-        _scalar(ev, prog, e, l, r)
+        _scalar(ev, prog, e, left, r)
         if op in ("floordiv", "truediv", "mod") and isinstance(r, Node):
             ev.condition(prog, "require", b.make("ne", r, 0), pc, e.line,
                          f"divisor of {_src(e)} != 0", "implicit: division by zero")
         elif op in ("floordiv", "truediv", "mod") and type(r) in (int, float, bool) and r == 0:
             ev.condition(prog, "require", False, pc, e.line, f"divisor of {_src(e)} != 0",
                          "implicit: division by zero")
-        return b.make(op, l, r)
+        return b.make(op, left, r)
     if isinstance(e, S.Unary):
         v = rec(e.operand)
         if e.op == "not":
@@ -38,15 +37,15 @@ def eval_expr(ev: Any, prog: Any, e: S.Expr, env: dict, pc: Any) -> Any:
         _scalar(ev, prog, e, v)
         return b.make("neg" if e.op == "-" else "pos", v)
     if isinstance(e, S.Compare):
-        l, r = rec(e.left), rec(e.right)
+        left, r = rec(e.left), rec(e.right)
         if e.op in ("in", "notin"):
-            v = _member(ev, prog, e, l, r)
+            v = _member(ev, prog, e, left, r)
             return b.make("not", v) if e.op == "notin" else v
-        if shape(l) != "scalar" or shape(r) != "scalar":
-            if is_static(l) and is_static(r):
-                return ops.BINARY[ops.FROM_SYNTAX[e.op]](l, r)
+        if shape(left) != "scalar" or shape(r) != "scalar":
+            if is_static(left) and is_static(r):
+                return ops.BINARY[ops.FROM_SYNTAX[e.op]](left, r)
             raise ev.fail(prog, e.line, f"comparison of structured values in '{_src(e)}' is not supported")
-        return b.make(ops.FROM_SYNTAX[e.op], l, r)
+        return b.make(ops.FROM_SYNTAX[e.op], left, r)
     if isinstance(e, S.BoolOp):
         v = rec(e.values[0])
         for nxt in e.values[1:]:

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from detent_rl.selir.codegen import Emitter, lit
+from detent_rl.selir.codegen import lit
 from detent_rl.selir.errors import SelIRError
 from detent_rl.selir.graph import Node
 from detent_rl.selir.vra import (MAX_ASSIGNMENTS, Points, compile_probe, input_points, sort_values,

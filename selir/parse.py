@@ -264,7 +264,8 @@ class Parser:
                               "unknown functions; decorate helpers with @selection)")
 
 
-def parse_function(fn: Callable, file: str, first_line: int, source: str) -> tuple[tuple[S.Param, ...], tuple[S.Stmt, ...]]:
+def parse_function(fn: Callable, file: str, first_line: int,
+                   source: str) -> tuple[tuple[S.Param, ...], tuple[S.Stmt, ...]]:
     tree = ast.parse(source)
     fdef = tree.body[0]
     if not isinstance(fdef, ast.FunctionDef):

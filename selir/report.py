@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.program import Program

@@ -14,7 +14,6 @@ from typing import Any, Optional
 
 from detent_rl.selir.codegen import RUNTIME_HELPERS, Emitter, lit
 from detent_rl.selir.errors import SelectionError
-from detent_rl.selir.graph import Node
 
 MEMO_MAX = 1 << 16  # distinct input combinations kept; the memo is cleared when full
 

@@ -12,8 +12,8 @@ from typing import Any, Optional
 
 from detent_rl.selir import syntax as S
 from detent_rl.selir.errors import SelectionError, SelIRError
-from detent_rl.selir.graph import Builder, Node, const_type
-from detent_rl.selir.values import flatten, is_static
+from detent_rl.selir.graph import Builder, Node
+from detent_rl.selir.values import flatten
 from detent_rl.selir.exec import Evaluator
 
 

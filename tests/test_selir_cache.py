@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import warnings
-from pathlib import Path
 
 import pytest
 
