@@ -1,7 +1,8 @@
 """The JIT cache (stage 7): solved programs on disk, keyed by everything that can change the answer.
 
 Key: sha256 of the canonical program (with its tables and inlined helpers), the facts, the solve
-options, the detent_rl and SelIR format versions and the Python version. Each entry is
+options, the detent_rl version, the SelIR format and a hash of SelIR's own source, and the Python
+version. Each entry is
 `<sha256 of body>\\n<body>`, the body being the solution as plain data in `marshal` format (fast
 to load; the Python version is in the key, and the checksum is verified before anything is
 decoded). Entries are written to a temporary file and renamed into place, so readers never see a
@@ -9,6 +10,7 @@ torn file; an entry whose checksum or structure is wrong is reported, removed an
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import marshal
 import os
@@ -30,9 +32,18 @@ ENV_DIR = "DETENT_CACHE_DIR"
 ENV_DISABLE = "DETENT_CACHE_DISABLE"
 
 
+@functools.lru_cache(maxsize=1)
+def solver_digest() -> str:
+    """A hash of SelIR's own source: any change to the solver invalidates what it solved before."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def cache_key(program: Program, facts: dict, **options: Any) -> str:
     text = "\n".join([
-        f"selir-format={FORMAT}", f"detent_rl={detent_rl.__version__}",
+        f"selir-format={FORMAT}", f"selir-source={solver_digest()}", f"detent_rl={detent_rl.__version__}",
         f"python={platform.python_version()}", f"program={program.qualname}:{program.digest}",
         f"facts={canonical(dict(sorted(facts.items())))}",
         f"options={canonical(dict(sorted(options.items())))}",

@@ -8,6 +8,7 @@ from typing import Any, Optional
 from detent_rl.selir.cache import JITCache, cache_key
 from detent_rl.selir.cut import min_cut, trivial_cut
 from detent_rl.selir.graph import Node
+from detent_rl.selir.ops import SYMBOL
 from detent_rl.selir.legal import default_assignment, judge
 from detent_rl.selir.vra import MAX_ASSIGNMENTS
 from detent_rl.selir.lower import DepGraph, lower
@@ -26,12 +27,30 @@ def pin_names(g: DepGraph, pins: tuple[Node, ...], names: dict[int, str]) -> dic
         if isinstance(v, Node):
             by_point.setdefault(v.id, p)
     for n in pins:
-        base = by_point.get(n.id) or names.get(n.id) or (n.aux[0] if n.op in ("input", "knob") else f"{n.op}%{n.id}")
+        base = by_point.get(n.id) or names.get(n.id) or describe(n, names)
         name, i = base, 2
         while name in out:
             name, i = f"{base}#{i}", i + 1
         out[name] = n
     return out
+
+
+def describe(n: Any, names: dict[int, str], depth: int = 2) -> str:
+    """A short expression for an unnamed value, e.g. `max_seqlen_q == 1`."""
+    if not isinstance(n, Node):
+        return repr(n)
+    if n.op in ("input", "knob"):
+        return n.aux[0]
+    if n.id in names:
+        return names[n.id]
+    if depth == 0:
+        return f"%{n.id}"
+    args = [describe(a, names, depth - 1) for a in n.args]
+    if n.op in SYMBOL and len(args) == 2:
+        return f"{args[0]} {SYMBOL[n.op]} {args[1]}"
+    if n.op == "not":
+        return f"not {args[0]}"
+    return f"{n.op}({', '.join(args)})"
 
 
 def domains_of(spec: Any) -> dict[str, tuple]:

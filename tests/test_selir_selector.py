@@ -105,16 +105,16 @@ def test_repin_swaps_constants_without_resolving(sol, monkeypatch):
     other = sel.repin(pins, knobs)
     out = other.as_dict(other(3, 1, 3, 100))
     assert out["num_splits"] == pins["num_splits"] and out["split_size"] == pins["split_size"]
-    assert out["block_n"] == pins["block_n"] and f"split_stride={knobs['split_stride']}" in other.source
+    assert f"split_stride={knobs['split_stride']}" in other.source
     assert sel(3, 1, 3, 100) != other(3, 1, 3, 100) or pins == sel.pins
 
 
 def test_illegal_repin_is_refused_with_a_witness(sol):
     sel = sol.commit()
     with pytest.raises(SelectionError, match=r"illegal: require\(num_splits \* split_size >= max_seqlen_k\).*fails at inputs"):
-        sel.repin({"num_splits": 1, "split_size": 128, "block_n": 128})
+        sel.repin({"num_splits": 1, "split_size": 128})
     with pytest.raises(SelectionError, match="split_size % block_n"):
-        sel.repin({"num_splits": 32, "split_size": 128, "block_n": 192})
+        sel.repin({"is_decode": True, "split_size": 192, "num_splits": 32})
 
 
 def test_source_has_a_provenance_header(sol):
@@ -122,4 +122,4 @@ def test_source_has_a_provenance_header(sol):
     head = src.splitlines()[:6]
     assert head[0].startswith("# detent_rl.selir compiled selector")
     assert "program: attention" in head[1] and f"ir: {sol.ir_hash}" in head[2]
-    assert "pins: block_n=" in head[4] and "knobs: split_stride=" in head[5]
+    assert "pins: is_decode=" in head[4] and "knobs: split_stride=" in head[5]

@@ -1,7 +1,7 @@
 """Selection program of our attention family (paged, varlen, causal, split-KV).
 
 Stock selection follows FlashAttention-3's heuristics (reused from the FA3 transcription in
-`sglang/fa3.py`: `num_splits_heuristic`, `tile_size_fwd_sm90`, `should_pack_gqa`): the split count
+`sglang/fa3.py`: `num_splits_heuristic`, `should_pack_gqa`; tiles are our Triton kernel's): the split count
 comes from the batch (total m-blocks = batch × kv heads × m-blocks, n-blocks from the longest KV,
 wave efficiency over the SMs) and, for decode (one query per request), causality is dropped for
 some head dims, which changes the KV tile width. Both change how a query row's keys are grouped
@@ -13,14 +13,22 @@ the trainer's one-shot prefill cut every row's keys at the same places.
 """
 from __future__ import annotations
 
-from detent_rl.kernels.selection.sglang.fa3 import (num_splits_heuristic, round_up_headdim,
-                                                    should_pack_gqa, tile_size_fwd_sm90)
+from detent_rl.kernels.selection.sglang.fa3 import num_splits_heuristic, round_up_headdim, should_pack_gqa
 from detent_rl.selir import Fact, Runtime, Unpinnable, assume, knob, require, selection
 
 MAX_SPLITS = 128  # the partial-output buffer holds this many splits per row
 SPLIT_STRIDES = (0, 256, 512, 1024, 2048, 4096)
 PDL_MAX_BATCH = 992  # FA3: one CTA of the varlen scheduler handles at most 31 * 32 batches
 INT32_MAX = 2**31 - 1
+
+
+@selection
+def triton_tile(is_causal: Runtime[bool]):
+    """Our Triton kernel's tiles, chosen the FA3 way: causal (prefill) batches take square 64x64
+    tiles; non-causal single-query batches take one 16-row query tile and 128-key KV tiles."""
+    if is_causal:
+        return (64, 64)
+    return (16, 128)
 
 
 @selection
@@ -41,11 +49,11 @@ def attention(batch: Runtime[int], max_seqlen_q: Unpinnable[int], num_tokens: Un
     paged_kv_non_tma = page_size % 128 != 0
     # FA3 drops causality for single-query batches except hdim 128 with paged KV: decode then
     # reads the KV cache in wider tiles than prefill did.
-    is_causal = not (max_seqlen_q == 1 and (d <= 64 or d > 128 or page_size == 0))
-    tile = tile_size_fwd_sm90(d, d, is_causal, False, dtype_bytes, False, paged_kv_non_tma, False)
-    block_m, block_n = tile.kBlockM, tile.kBlockN
+    is_decode = max_seqlen_q == 1
+    is_causal = not (is_decode and (d <= 64 or d > 128 or page_size == 0))
+    block_m, block_n = triton_tile(is_causal)
     if split_stride != 0 and split_stride % block_n != 0:
-        block_n = 128  # our split kernel needs KV tiles that divide the fixed split size
+        block_n = 64  # our split kernel needs KV tiles that divide the fixed split size
     num_warps = 8 if block_m >= 128 else 4
     stage_bytes = (block_m + 2 * block_n) * d * dtype_bytes
     num_stages = 2 if 3 * stage_bytes > smem_bytes else 3
