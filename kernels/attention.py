@@ -1,0 +1,254 @@
+"""Paged, varlen, causal attention with split-KV at a fixed split size aligned to absolute positions.
+
+Invariant kept: a query row at absolute position p reduces its keys in an order that depends only
+on p and the selected (block_n, split_size) — never on the batch, the row's neighbours, or where
+prefill stopped and decode began. Keys [j*S, (j+1)*S) form split j; inside a split, KV blocks of
+block_n keys are visited from the split's start, each folded into a running (max, sum, out) with
+the online-softmax update; a key after p is masked to -inf, which leaves the state bit-for-bit
+untouched (alpha = exp(0) = 1, p = 0). Splits are then combined in order j = 0, 1, ... by one
+kernel shared by prefill and decode. A tile of query rows only adds blocks that are fully masked
+for its shorter rows, so a row's bits do not see the tile either.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@dataclass(frozen=True)
+class AttnMeta:
+    """Per-step metadata: requests' query spans, cached lengths, pages and query tiles."""
+    cu_q: torch.Tensor  # int32 [B + 1], query rows of request b are cu_q[b]:cu_q[b+1]
+    pos0: torch.Tensor  # int32 [B], absolute position of each request's first query
+    token_pos: torch.Tensor  # int32 [T], absolute position of every query row
+    block_table: torch.Tensor  # int32 [B, pages], page ids of each request's KV
+    tile_req: torch.Tensor  # int32 [tiles], request of each query tile
+    tile_q0: torch.Tensor  # int32 [tiles], first query row of each tile
+    block_m: int
+
+
+def attn_meta(q_lens: list[int], cached: list[int], block_table: torch.Tensor, block_m: int) -> AttnMeta:
+    """Build the metadata on the host from the scheduler's lists (one small copy per step)."""
+    assert len(q_lens) == len(cached) == block_table.shape[0]
+    cu, pos, tiles_r, tiles_q = [0], [], [], []
+    for b, (n, c) in enumerate(zip(q_lens, cached)):
+        pos.extend(range(c, c + n))
+        tiles_r.extend([b] * (-(-n // block_m)))
+        tiles_q.extend(range(cu[-1], cu[-1] + n, block_m))
+        cu.append(cu[-1] + n)
+    dev = block_table.device
+    as_t = lambda v: torch.tensor(v, dtype=torch.int32, device=dev)  # noqa: E731
+    return AttnMeta(as_t(cu), as_t(cached), as_t(pos), block_table.to(torch.int32), as_t(tiles_r),
+                    as_t(tiles_q), block_m)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_ptr, tile_q0_ptr,
+                          m_ptr, l_ptr, o_ptr, scale, stride_qt, stride_qh, stride_kp, stride_ks, stride_kh,
+                          stride_bt, stride_mt, stride_mh, stride_ot, stride_oh, stride_os,
+                          GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                          IEEE: tl.constexpr, UPCAST: tl.constexpr):
+        tile = tl.program_id(0)
+        head = tl.program_id(1)
+        split = tl.program_id(2)
+        req = tl.load(tile_req_ptr + tile)
+        q0 = tl.load(tile_q0_ptr + tile)
+        q_begin = tl.load(cu_q_ptr + req)
+        q_end = tl.load(cu_q_ptr + req + 1)
+        pos0 = tl.load(pos0_ptr + req)
+        rows = q0 + tl.arange(0, BLOCK_M)
+        row_ok = rows < q_end
+        row_pos = pos0 + rows - q_begin
+        last_pos = pos0 + tl.minimum(q0 + BLOCK_M, q_end) - 1 - q_begin
+        lo = split * SPLIT
+        if lo <= last_pos:
+            hi = tl.minimum(lo + SPLIT, last_pos + 1)
+            kvh = head // GROUP
+            d = tl.arange(0, HEAD_DIM)
+            q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + d[None, :],
+                        mask=row_ok[:, None], other=0.0)
+            if UPCAST:
+                q = q.to(tl.float32)
+            m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+            for start in range(lo, hi, BLOCK_N):
+                kpos = start + tl.arange(0, BLOCK_N)
+                kmask = kpos < hi
+                page = tl.load(bt_ptr + req * stride_bt + kpos // PAGE, mask=kmask, other=0)
+                off = page[:, None] * stride_kp + (kpos % PAGE)[:, None] * stride_ks + kvh * stride_kh + d[None, :]
+                k = tl.load(k_ptr + off, mask=kmask[:, None], other=0.0)
+                v = tl.load(v_ptr + off, mask=kmask[:, None], other=0.0)
+                if UPCAST:
+                    k = k.to(tl.float32)
+                    v = v.to(tl.float32)
+                if IEEE:
+                    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+                else:
+                    s = tl.dot(q, tl.trans(k)) * scale
+                s = tl.where(kpos[None, :] <= row_pos[:, None], s, float("-inf"))
+                m_new = tl.maximum(m, tl.max(s, 1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp(m - m_safe)  # exactly 1 for a block fully masked for the row
+                p = tl.exp(s - m_safe[:, None])  # exactly 0 where masked
+                l = l * alpha + tl.sum(p, 1)
+                if IEEE:
+                    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+                else:
+                    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+                m = m_new
+            ml = rows * stride_mt + head * stride_mh + split
+            tl.store(m_ptr + ml, m, mask=row_ok)
+            tl.store(l_ptr + ml, l, mask=row_ok)
+            tl.store(o_ptr + rows[:, None] * stride_ot + head * stride_oh + split * stride_os + d[None, :],
+                     acc, mask=row_ok[:, None])
+
+    @triton.jit
+    def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, pos_ptr, stride_mt, stride_mh, stride_ot, stride_oh,
+                        stride_os, stride_outt, stride_outh, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr):
+        t = tl.program_id(0)
+        h = tl.program_id(1)
+        n = tl.load(pos_ptr + t) // SPLIT + 1
+        d = tl.arange(0, HEAD_DIM)
+        base = t * stride_mt + h * stride_mh
+        mx = tl.load(m_ptr + base)
+        for j in range(1, n):
+            mx = tl.maximum(mx, tl.load(m_ptr + base + j))
+        total = tl.zeros([1], tl.float32)
+        acc = tl.zeros([HEAD_DIM], tl.float32)
+        for j in range(0, n):  # splits in order, the same arithmetic for prefill and decode
+            w = tl.exp(tl.load(m_ptr + base + j) - mx)
+            total += tl.load(l_ptr + base + j) * w
+            acc += tl.load(o_ptr + t * stride_ot + h * stride_oh + j * stride_os + d) * w
+        tl.store(out_ptr + t * stride_outt + h * stride_outh + d, (acc / total).to(out_ptr.dtype.element_ty))
+
+
+def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta, block_n: int,
+           split_size: int) -> None:
+    assert q.dim() == 3 and k_cache.dim() == 4 and k_cache.shape == v_cache.shape, \
+        f"q [T, H, D] and caches [pages, page_size, KVH, D] expected, got {tuple(q.shape)}, {tuple(k_cache.shape)}"
+    assert q.shape[2] == k_cache.shape[3] and q.shape[1] % k_cache.shape[2] == 0
+    assert q.dtype == k_cache.dtype == v_cache.dtype and q.stride(2) == 1 and k_cache.stride(3) == 1
+    assert split_size % block_n == 0, f"split_size {split_size} must be a multiple of block_n {block_n}"
+    assert meta.token_pos.shape[0] == q.shape[0]
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta, *,
+                    scale: float, block_n: int, split_size: int, num_splits: int, num_warps: int = 4,
+                    num_stages: int = 2) -> torch.Tensor:
+    """Causal attention of q [T, H, D] over the paged caches (which already hold the step's keys)."""
+    _check(q, k_cache, v_cache, meta, block_n, split_size)
+    T, H, D = q.shape
+    out = torch.empty_like(q)
+    if T == 0:
+        return out
+    if not (q.is_cuda or INTERPRET):
+        return _attention_cpu(q, k_cache, v_cache, meta, scale, block_n, split_size, out)
+    m = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)
+    lsum = torch.empty_like(m)
+    o = torch.empty((T, H, num_splits, D), dtype=torch.float32, device=q.device)
+    grid = (meta.tile_req.shape[0], H, num_splits)
+    _attention_kernel[grid](
+        q, k_cache, v_cache, meta.block_table, meta.cu_q, meta.pos0, meta.tile_req, meta.tile_q0, m, lsum, o,
+        scale, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        meta.block_table.stride(0), m.stride(0), m.stride(1), o.stride(0), o.stride(1), o.stride(2),
+        GROUP=H // k_cache.shape[2], PAGE=k_cache.shape[1], HEAD_DIM=D, BLOCK_M=meta.block_m, BLOCK_N=block_n,
+        SPLIT=split_size, IEEE=q.dtype == torch.float32, UPCAST=INTERPRET and q.dtype != torch.float32,
+        num_warps=num_warps, num_stages=num_stages)
+    _combine_kernel[(T, H)](m, lsum, o, out, meta.token_pos, m.stride(0), m.stride(1), o.stride(0),
+                            o.stride(1), o.stride(2), out.stride(0), out.stride(1), HEAD_DIM=D, SPLIT=split_size)
+    return out
+
+
+def _attention_cpu(q, k_cache, v_cache, meta, scale, block_n, split_size, out):
+    """The same reduction structure in PyTorch, on fixed-shape tiles (CPU matmul reads M otherwise)."""
+    T, H, D = q.shape
+    kvh, page = k_cache.shape[2], k_cache.shape[1]
+    group, bm = H // kvh, meta.block_m
+    cu, pos0 = meta.cu_q.tolist(), meta.pos0.tolist()
+    ns = int(meta.token_pos.max().item()) // split_size + 1
+    m = torch.full((T, H, ns), float("-inf"))
+    lsum = torch.zeros((T, H, ns))
+    o = torch.zeros((T, H, ns, D))
+    for req, q0 in zip(meta.tile_req.tolist(), meta.tile_q0.tolist()):
+        q_end = cu[req + 1]
+        n_rows = min(bm, q_end - q0)
+        qt = torch.zeros((bm, H, D))
+        qt[:n_rows] = q[q0:q0 + n_rows].float()
+        qt = qt.transpose(0, 1)  # [H, BM, D]
+        row_pos = torch.arange(bm) + pos0[req] + q0 - cu[req]
+        last = pos0[req] + q0 + n_rows - 1 - cu[req]
+        pages = meta.block_table[req].tolist()
+        for j in range(last // split_size + 1):
+            lo, hi = j * split_size, min((j + 1) * split_size, last + 1)
+            mj = torch.full((H, bm), float("-inf"))
+            lj = torch.zeros((H, bm))
+            aj = torch.zeros((H, bm, D))
+            for start in range(lo, hi, block_n):
+                kpos = torch.arange(start, start + block_n)
+                valid = kpos < hi
+                idx = kpos.clamp(max=hi - 1)
+                slots = torch.tensor([pages[p // page] for p in idx.tolist()]) * page + idx % page
+                k = k_cache.reshape(-1, kvh, D)[slots].float() * valid[:, None, None]
+                v = v_cache.reshape(-1, kvh, D)[slots].float() * valid[:, None, None]
+                k = k.transpose(0, 1).repeat_interleave(group, 0)  # [H, BN, D]
+                v = v.transpose(0, 1).repeat_interleave(group, 0)
+                s = torch.bmm(qt, k.transpose(1, 2)) * scale  # [H, BM, BN] on fixed shapes
+                s = torch.where(kpos[None, None, :] <= row_pos[None, :, None], s, float("-inf"))
+                m_new = torch.maximum(mj, s.amax(-1))
+                m_safe = torch.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = torch.exp(mj - m_safe)
+                p = torch.exp(s - m_safe[..., None])
+                lj = lj * alpha + p.sum(-1)
+                pv = p if q.dtype == torch.float32 else p.to(q.dtype).float()
+                aj = aj * alpha[..., None] + torch.bmm(pv, v)
+                mj = m_new
+            rows = slice(q0, q0 + n_rows)
+            m[rows, :, j] = mj[:, :n_rows].t()
+            lsum[rows, :, j] = lj[:, :n_rows].t()
+            o[rows, :, j] = aj[:, :n_rows].transpose(0, 1)
+    n = (meta.token_pos.long() // split_size + 1)[:, None]  # [T, 1] splits per row
+    mx = m[:, :, 0].clone()
+    for j in range(1, ns):
+        mx = torch.where(j < n, torch.maximum(mx, m[:, :, j]), mx)
+    total = torch.zeros((T, H))
+    acc = torch.zeros((T, H, D))
+    for j in range(ns):  # splits in order; rows with fewer splits keep their values exactly
+        w = torch.exp(m[:, :, j] - mx)
+        total = torch.where(j < n, total + lsum[:, :, j] * w, total)
+        acc = torch.where((j < n)[..., None], acc + o[:, :, j] * w[..., None], acc)
+    out.copy_((acc / total[..., None]).to(out.dtype))
+    return out
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slots: torch.Tensor) -> None:
+    """Write the step's keys/values [T, KVH, D] into the pages at flat slots (page * size + offset)."""
+    assert k.shape == v.shape and k.shape[1:] == k_cache.shape[2:] and slots.shape[0] == k.shape[0]
+    k_cache.view(-1, *k_cache.shape[2:])[slots.long()] = k
+    v_cache.view(-1, *v_cache.shape[2:])[slots.long()] = v
+
+
+def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos0: int, scale: float) -> torch.Tensor:
+    """fp32 causal attention of one request: q [n, H, D] at positions pos0.., k/v [pos0 + n, KVH, D]."""
+    n, H, D = q.shape
+    group = H // k.shape[1]
+    kk = k.float().repeat_interleave(group, 1).transpose(0, 1)
+    vv = v.float().repeat_interleave(group, 1).transpose(0, 1)
+    s = torch.matmul(q.float().transpose(0, 1), kk.transpose(1, 2)) * scale
+    causal = torch.arange(k.shape[0])[None, :] <= (pos0 + torch.arange(n))[:, None]
+    s = s.masked_fill(~causal.to(s.device), float("-inf"))
+    return torch.matmul(torch.softmax(s, -1), vv).transpose(0, 1).to(q.dtype)
