@@ -2,7 +2,8 @@
 # The GPU suite: every GPU test, then the GPU benchmarks, on a machine that already has torch and
 # triton (the device image has no network, so nothing is installed: the package is laid out with
 # symlinks on PYTHONPATH instead of `pip install -e`). Logs go to ${OUT:-/tmp/gpu_suite}.
-# Usage, from the repository root: bash bench/gpu_suite.sh [pytest args...]
+# Usage, from the repository root: bash bench/gpu_suite.sh [test files...]   (default: all of tests/)
+# BENCHES="bench/a.py bench/b.py" picks the benchmarks (default: every bench/kernels_*_bench.py).
 set -uo pipefail
 root=$(pwd)
 out=${OUT:-/tmp/gpu_suite}
@@ -14,9 +15,10 @@ for d in selir kernels rollout trainer; do ln -s "$root/$d" "$pkg/detent_rl/$d";
 export PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export DETENT_CACHE_DIR="$out/selir-cache"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())' | tee "$out/env.txt"
-python3 -m pytest -m gpu -q -p no:cacheprovider -rs "$@" tests 2>&1 | tee "$out/gpu_tests.log"
+if [ $# -eq 0 ]; then set -- tests; fi
+python3 -m pytest -m gpu -q -p no:cacheprovider -rs -x --durations=15 "$@" 2>&1 | tee "$out/gpu_tests.log"
 status=${PIPESTATUS[0]}
-for b in bench/kernels_*_bench.py; do
+for b in ${BENCHES:-bench/kernels_*_bench.py}; do
     echo "== $b" | tee -a "$out/gpu_bench.md"
     python3 "$b" 2>&1 | tee -a "$out/gpu_bench.md"
 done
