@@ -16,7 +16,7 @@ export PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export DETENT_CACHE_DIR="$out/selir-cache"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())' | tee "$out/env.txt"
 if [ $# -eq 0 ]; then set -- tests; fi
-python3 -m pytest -m gpu -q -p no:cacheprovider -rs --durations=15 "$@" 2>&1 | tee "$out/gpu_tests.log"
+python3 -P -m pytest -m gpu -q -p no:cacheprovider -rs --durations=15 "$@" 2>&1 | tee "$out/gpu_tests.log"
 status=${PIPESTATUS[0]}
 for b in ${BENCHES:-bench/kernels_*_bench.py}; do
     echo "== $b" | tee -a "$out/gpu_bench.md"

@@ -4,7 +4,8 @@ Command: python bench/kernels_attention_bench.py
 Qwen2-0.5B-class heads (14 q, 2 kv, head dim 64), bf16, 16-token pages. Decode: B requests of one
 query each over `ctx` cached keys; prefill: one request of `ctx` queries. Our kernel runs with the
 pinned tiles of the detent default tuple (64x64) and the split size shown; SDPA gets the same
-problem with contiguous, GQA-expanded K/V (what a stock engine's flash kernel sees).
+problem with contiguous, GQA-expanded K/V (what a stock engine's flash kernel sees). Times are
+CUDA-graph replays (triton.testing.do_bench_cudagraph), i.e. without Python launch overhead.
 """
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ def main() -> None:
                                      ("prefill", 1, 512, 512), ("prefill", 1, 2048, 2048), ("prefill", 4, 1024, 1024)):
         for split in (512, 4096):
             ours, sdpa = _case(batch, ctx, q_len, split)
-            t_ours = triton.testing.do_bench(ours, warmup=10, rep=50)
-            t_sdpa = triton.testing.do_bench(sdpa, warmup=10, rep=50)
+            t_ours = triton.testing.do_bench_cudagraph(ours, rep=50)
+            t_sdpa = triton.testing.do_bench_cudagraph(sdpa, rep=50)
             print(f"| {phase} | {batch} | {ctx} | {split} | {t_ours * 1e3:.1f} | {t_sdpa * 1e3:.1f} | "
                   f"{t_ours / t_sdpa:.2f} |")
 

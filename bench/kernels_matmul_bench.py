@@ -1,7 +1,8 @@
 """Our Triton linear (pinned tile) vs cuBLAS (torch.matmul), side by side in one run on the GPU.
 
 Command: python bench/kernels_matmul_bench.py
-Prints a markdown table: per shape and M, the median time (triton.testing.do_bench) of
+Prints a markdown table: per shape and M, the median time under CUDA-graph replay
+(triton.testing.do_bench_cudagraph: kernel time without Python launch overhead) of
   - stock: our kernel with the stock selection for this M (split-K below 32 rows),
   - detent default: the pinned default tuple (one tile for every M),
   - detent best: the fastest legal tuple for this M (what the per-workload tuner can reach),
@@ -35,7 +36,7 @@ def main() -> None:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         for m in ROWS:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            cublas = triton.testing.do_bench(lambda: x @ w.t(), warmup=25, rep=100)
+            cublas = triton.testing.do_bench_cudagraph(lambda: x @ w.t(), rep=100)
             t_stock = _time(x, w, stock(m))
             t_default = _time(x, w, default(m))
             best = min((_time(x, w, t(m)), _tile(t(m))) for t in tuples)
@@ -57,7 +58,7 @@ def _tile(cfg) -> str:
 
 def _time(x, w, cfg) -> float:
     kw = _kw(cfg)
-    return triton.testing.do_bench(lambda: linear(x, w, **kw), warmup=25, rep=100)
+    return triton.testing.do_bench_cudagraph(lambda: linear(x, w, **kw), rep=100)
 
 
 if __name__ == "__main__":
