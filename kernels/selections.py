@@ -1,0 +1,130 @@
+"""The compiled selectors of one deployment in one arm, and the commitment tuple that pins them.
+
+Every kernel call site asks `KernelSelections.get(family, **site)` for its selector once (a matmul
+site names its n and k) and calls it with the batch's values on every launch. The engine and the
+trainer build this object from the same deployment and the same commitment-tuple file, so both
+run the same kernels with the same parameters.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from detent_rl.kernels.selection import attention, matmul, rows
+from detent_rl.selir.cache import JITCache
+from detent_rl.selir.errors import SelIRError
+from detent_rl.selir.selector import Selector
+from detent_rl.selir.solver import solve
+
+ARMS = ("stock", "detent")
+FAMILIES = {"matmul": matmul.matmul, "attention": attention.attention, "rmsnorm": rows.rmsnorm,
+            "log_softmax": rows.log_softmax, "elementwise": rows.elementwise}
+# Selection facts of an H200 (132 SMs, 227 KiB shared memory per block); also what the CPU path
+# assumes, so that CPU runs select the way a GPU deployment of the same model would.
+H200 = {"num_sms": 132, "smem_bytes": 227 * 1024}
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What the selection programs read as deployment facts, fixed before serving."""
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden: int
+    vocab: int
+    dtype_bytes: int = 2
+    page_size: int = 16
+    max_context: int = 4096
+    max_batch: int = 256
+    max_num_tokens: int = 8192
+    num_sms: int = H200["num_sms"]
+    smem_bytes: int = H200["smem_bytes"]
+
+    def facts(self, family: str, site: dict) -> dict:
+        if family == "matmul":
+            return {"n": site["n"], "k": site["k"], "max_m": self.max_num_tokens,
+                    "smem_bytes": self.smem_bytes, "dtype_bytes": self.dtype_bytes}
+        if family == "attention":
+            return {"num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
+                    "num_sms": self.num_sms, "page_size": self.page_size, "max_context": self.max_context,
+                    "max_batch": self.max_batch, "max_num_tokens": self.max_num_tokens,
+                    "smem_bytes": self.smem_bytes, "dtype_bytes": self.dtype_bytes}
+        if family == "rmsnorm":
+            return {"hidden": site.get("hidden", self.hidden), "max_rows": self.max_num_tokens}
+        if family == "log_softmax":
+            return {"vocab": self.vocab, "max_rows": self.max_num_tokens}
+        if family == "elementwise":
+            return {"width": site["width"], "max_rows": self.max_num_tokens}
+        raise SelIRError(f"unknown kernel family {family!r}; known: {sorted(FAMILIES)}")
+
+
+def site_key(family: str, site: dict) -> str:
+    return family + "".join(f"[{k}={site[k]}]" for k in sorted(site))
+
+
+class CommitmentTuple:
+    """Pins and knobs per call site: `{"matmul[k=896][n=1152]": {"pins": {...}, "knobs": {...}}}`."""
+
+    def __init__(self, entries: Optional[dict] = None, deployment: Optional[dict] = None) -> None:
+        self.entries: dict[str, dict] = dict(entries or {})
+        self.deployment = deployment
+
+    @classmethod
+    def load(cls, path: os.PathLike | str) -> "CommitmentTuple":
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise SelIRError(f"commitment tuple {p}: cannot be read ({e})") from e
+        if not isinstance(data, dict) or not isinstance(data.get("sites"), dict):
+            raise SelIRError(f"commitment tuple {p}: expected an object with a 'sites' object")
+        for key, entry in data["sites"].items():
+            if set(entry) - {"pins", "knobs"}:
+                raise SelIRError(f"commitment tuple {p}: sites.{key} has unknown keys {sorted(set(entry) - {'pins', 'knobs'})}")
+        return cls(data["sites"], data.get("deployment"))
+
+    def save(self, path: os.PathLike | str) -> None:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"deployment": self.deployment, "sites": self.entries}, f, indent=1, sort_keys=True)
+        os.replace(tmp, p)
+
+
+class KernelSelections:
+    """Compiled selectors for every call site of one deployment, in the stock or the detent arm."""
+
+    def __init__(self, deployment: Deployment, arm: str = "detent",
+                 commitment: Optional[CommitmentTuple] = None, cache: Optional[JITCache] = None) -> None:
+        if arm not in ARMS:
+            raise SelIRError(f"unknown arm {arm!r}; expected one of {ARMS}")
+        self.deployment = deployment
+        self.arm = arm
+        self.commitment = commitment or CommitmentTuple(deployment=asdict(deployment))
+        self.cache = cache
+        self._selectors: dict[str, Selector] = {}
+
+    def get(self, family: str, **site: Any) -> Selector:
+        key = site_key(family, site)
+        sel = self._selectors.get(key)
+        if sel is None:
+            sel = self._selectors[key] = self._build(family, site, key)
+        return sel
+
+    def _build(self, family: str, site: dict, key: str) -> Selector:
+        if family not in FAMILIES:
+            raise SelIRError(f"unknown kernel family {family!r}; known: {sorted(FAMILIES)}")
+        sol = solve(FAMILIES[family], self.deployment.facts(family, site), cache=self.cache)
+        if self.arm == "stock":
+            return sol.stock()
+        entry = self.commitment.entries.get(key)
+        if entry is None:  # no committed value yet: the solver's default tuple, recorded
+            pins, knobs = sol.split(sol.default)
+            self.commitment.entries[key] = {"pins": pins, "knobs": knobs}
+            return sol.commit(pins, knobs)
+        return sol.commit(entry.get("pins", {}), entry.get("knobs", {}))

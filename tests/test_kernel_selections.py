@@ -1,0 +1,54 @@
+"""Kernel selections per call site: one commitment tuple pins every site; the stock arm reads the batch."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from detent_rl.kernels.selections import CommitmentTuple, Deployment, KernelSelections
+from detent_rl.selir import SelectionError, SelIRError
+
+QWEN2_05B = Deployment(num_heads=14, num_kv_heads=2, head_dim=64, hidden=896, vocab=151936)
+
+
+def test_detent_sites_are_pinned_and_recorded(tmp_path):
+    sel = KernelSelections(QWEN2_05B, "detent")
+    mm = sel.get("matmul", n=1152, k=896)
+    assert mm(1) == mm(7) == mm(4096)
+    att = sel.get("attention")
+    assert att(1, 1, 1, 10) == att(64, 300, 2000, 4000)
+    assert sel.get("rmsnorm")(1) == sel.get("rmsnorm")(1000)
+    path = tmp_path / "tuple.json"
+    sel.commitment.save(path)
+    again = KernelSelections(QWEN2_05B, "detent", CommitmentTuple.load(path))
+    assert again.get("matmul", n=1152, k=896)(3) == mm(3)
+    assert set(json.loads(path.read_text())["sites"]) == {"matmul[k=896][n=1152]", "attention", "rmsnorm"}
+
+
+def test_stock_sites_read_the_batch():
+    sel = KernelSelections(QWEN2_05B, "stock")
+    assert sel.get("matmul", n=1152, k=896)(1) != sel.get("matmul", n=1152, k=896)(4096)
+    assert sel.get("rmsnorm")(1) != sel.get("rmsnorm")(1000)
+
+
+def test_a_committed_value_is_used_and_an_illegal_one_refused(tmp_path):
+    t = CommitmentTuple({"matmul[k=896][n=1152]": {"pins": {"bucket": 64}, "knobs": {"pad_m": 1}}})
+    sel = KernelSelections(QWEN2_05B, "detent", t)
+    assert sel.get("matmul", n=1152, k=896)(5).tile_block_m == 64
+    bad = CommitmentTuple({"attention": {"pins": {"num_splits": 1, "split_size": 128}, "knobs": {}}})
+    with pytest.raises(SelectionError, match="splits must cover the longest KV"):
+        KernelSelections(QWEN2_05B, "detent", bad).get("attention")
+
+
+def test_bad_tuple_files_name_what_is_wrong(tmp_path):
+    p = tmp_path / "t.json"
+    p.write_text("{not json")
+    with pytest.raises(SelIRError, match="t.json: cannot be read"):
+        CommitmentTuple.load(p)
+    p.write_text(json.dumps({"sites": {"matmul[k=1][n=1]": {"pins": {}, "pinz": {}}}}))
+    with pytest.raises(SelIRError, match=r"sites.matmul\[k=1\]\[n=1\] has unknown keys \['pinz'\]"):
+        CommitmentTuple.load(p)
+    with pytest.raises(SelIRError, match="unknown kernel family 'conv'"):
+        KernelSelections(QWEN2_05B).get("conv")
+    with pytest.raises(SelIRError, match="unknown arm"):
+        KernelSelections(QWEN2_05B, "fast")
