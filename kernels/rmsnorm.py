@@ -1,0 +1,114 @@
+"""RMSNorm with an optional fused residual add, batch-invariant given (block, num_warps).
+
+Semantics are HF Llama/Qwen2 RMSNorm:
+    h   = x                      (or h = residual + x, rounded to the input dtype; returned too)
+    var = sum(h.float() ** 2) / hidden
+    out = weight * (h.float() * rsqrt(var + eps)).to(dtype)      (the product in the input dtype)
+
+The sum of squares is the only reduction. Its association is fixed by `block` alone: an fp32
+accumulator vector of `block` lanes takes the row chunk by chunk (a masked tail adds exact zeros),
+then one reduction folds the vector. `block` comes from the selector (`selection.rows.rmsnorm`);
+the stock selector changes it with the batch size, which is what changes a row's bits.
+"""
+from typing import Optional, Union
+
+import torch
+
+from detent_rl.kernels._triton import (FLOAT_DTYPES, aligned, check_block, dense_rows, fold_rows,
+                                       require_triton, tl, triton, use_triton)
+
+
+@triton.jit
+def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
+                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = row * n_cols
+    dtype = x_ptr.dtype.element_ty
+    lanes = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + lanes
+        mask = cols < n_cols
+        h = tl.load(x_ptr + base + cols, mask=mask, other=0.0)
+        if HAS_RESIDUAL:
+            r = tl.load(res_ptr + base + cols, mask=mask, other=0.0)
+            h = (h.to(tl.float32) + r.to(tl.float32)).to(dtype)
+            tl.store(res_out_ptr + base + cols, h, mask=mask)
+        hf = h.to(tl.float32)
+        acc += hf * hf
+    var = tl.sum(acc, axis=0) / n_cols
+    rstd = tl.math.rsqrt(var + eps)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + lanes
+        mask = cols < n_cols
+        # h is recomputed, not re-read from res_out: same ops, same bits, no intra-program race.
+        h = tl.load(x_ptr + base + cols, mask=mask, other=0.0)
+        if HAS_RESIDUAL:
+            r = tl.load(res_ptr + base + cols, mask=mask, other=0.0)
+            h = (h.to(tl.float32) + r.to(tl.float32)).to(dtype)
+        y = (h.to(tl.float32) * rstd).to(dtype)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+        tl.store(out_ptr + base + cols, (w.to(tl.float32) * y.to(tl.float32)).to(dtype), mask=mask)
+
+
+def _rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Optional[torch.Tensor],
+                    block: int, num_warps: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    require_triton(x)
+    x, weight = dense_rows(x), aligned(weight)
+    residual = dense_rows(residual) if residual is not None else None
+    rows, hidden = x.shape
+    out = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
+    res_out = torch.empty_like(out) if residual is not None else None
+    if rows > 0:
+        _rmsnorm_kernel[(rows,)](
+            x, residual if residual is not None else x, weight, out,
+            res_out if res_out is not None else out, hidden, float(eps),
+            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=num_warps)
+    return out, res_out
+
+
+def _rmsnorm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Optional[torch.Tensor],
+                   block: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    h = x if residual is None else residual + x
+    hidden = h.shape[1]
+
+    def square(part: torch.Tensor) -> torch.Tensor:
+        p = part.float()
+        return p * p
+
+    total = fold_rows(h, block, 0.0, square, torch.add, 0.0)
+    rstd = torch.rsqrt(total / hidden + eps)
+    y = (h.float() * rstd[:, None]).to(x.dtype)
+    return weight * y, (h if residual is not None else None)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, block: int, num_warps: int = 4,
+            residual: Optional[torch.Tensor] = None) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """RMSNorm of each row of x [rows, hidden]; with `residual`, returns (out, residual + x).
+
+    Out of place: inputs are never written. CUDA tensors run the Triton kernel, CPU tensors the
+    PyTorch mirror of the same chunked reduction (batch-invariant too; CPU bits != GPU bits).
+    """
+    assert x.dim() == 2 and x.stride(-1) == 1, "x must be [rows, hidden] with a contiguous last dim"
+    assert x.dtype in FLOAT_DTYPES, f"unsupported dtype {x.dtype}"
+    assert weight.shape == (x.shape[1],) and weight.dtype == x.dtype and weight.device == x.device, \
+        f"weight must be [{x.shape[1]}] {x.dtype} on {x.device}, got {tuple(weight.shape)} {weight.dtype}"
+    if residual is not None:
+        assert residual.shape == x.shape and residual.dtype == x.dtype and residual.device == x.device, \
+            "residual must match x in shape, dtype and device"
+    check_block(block)
+    if use_triton(x):
+        out, res = _rmsnorm_triton(x, weight, eps, residual, block, num_warps)
+    else:
+        out, res = _rmsnorm_torch(x, weight, eps, residual, block)
+    return out if residual is None else (out, res)
+
+
+def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                residual: Optional[torch.Tensor] = None) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """HF Qwen2RMSNorm / LlamaRMSNorm, preceded by the decoder layer's residual add."""
+    h = x if residual is None else residual + x
+    hf = h.to(torch.float32)
+    variance = hf.pow(2).mean(-1, keepdim=True)
+    out = weight * (hf * torch.rsqrt(variance + eps)).to(x.dtype)
+    return out if residual is None else (out, h)

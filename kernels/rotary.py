@@ -1,0 +1,142 @@
+"""Rotary position embedding: one cos/sin table by absolute position, applied per token.
+
+Table (`rope_cos_sin`), built once with HF semantics, then shared by rollout and trainer:
+    inv_freq, scale = HF rope init for the config's rope type (computed on the CPU, as HF does)
+    freqs = arange(max_positions).float()[:, None] * inv_freq[None, :]      (on `device`)
+    cos, sin = (cat(freqs, freqs).cos() * scale).to(dtype), (... .sin() * scale).to(dtype)
+Rope types whose frequencies depend on the sequence length ("dynamic", "longrope") are refused:
+the same position would rotate differently in a short rollout and a long training sequence.
+
+Apply (`apply_rotary`), HF `apply_rotary_pos_emb` with "rotate_half" (non-interleaved) pairs,
+every product and sum rounded to the model dtype exactly as HF's eager bf16 ops round:
+    y[j]        = rnd(rnd(x[j] * cos[p, j])        + rnd(-x[j + h] * sin[p, j]))         j < h
+    y[j + h]    = rnd(rnd(x[j + h] * cos[p, j + h]) + rnd(x[j] * sin[p, j + h]))
+    y[rot:]     = x[rot:]                               (partial rotary: the rest passes through)
+with h = rotary_dim / 2, p = positions[token], rnd = rounding to the model dtype (identity in
+fp32; the GPU kernel is compiled without FMA contraction so fp32 matches eager torch too).
+"""
+from typing import Any
+
+import torch
+
+from detent_rl.kernels._triton import INDEX_DTYPES, check_block, require_triton, tl, triton, use_triton
+
+SEQUENCE_DEPENDENT = ("dynamic", "longrope")
+
+
+def _rope_parameters(config: Any) -> dict:
+    params = getattr(config, "rope_parameters", None)  # transformers >= 5
+    if params is None:
+        params = dict(getattr(config, "rope_scaling", None) or {})  # transformers 4.x
+        params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    return dict(params)
+
+
+def rope_inv_freq(config: Any) -> tuple[torch.Tensor, float]:
+    """(inv_freq fp32 [rotary_dim / 2] on the CPU, attention scaling) for an HF config."""
+    params = _rope_parameters(config)
+    if "rope_type" not in params and "type" in params:
+        params["rope_type"] = params["type"]
+    rope_type = params.get("rope_type", "default")
+    if rope_type in SEQUENCE_DEPENDENT:
+        raise ValueError(f"rope type {rope_type!r} recomputes its frequencies from the sequence length, so "
+                         f"a position would rotate differently in rollout and training; refusing it")
+    if rope_type == "default":
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        # Llama/Qwen2's own default ignores partial_rotary_factor; they all have 1.0 anyway.
+        factor = params.get("partial_rotary_factor") or getattr(config, "partial_rotary_factor", None) or 1.0
+        dim = int(head_dim * factor)
+        base = params["rope_theta"]
+        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+    if rope_type not in ("linear", "llama3", "yarn"):
+        raise ValueError(f"rope type {rope_type!r} is not supported (default, linear, llama3, yarn)")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, None)
+    return inv_freq.float(), float(scale)
+
+
+def rope_cos_sin(config: Any, max_positions: int, device: torch.device | str,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin), each [max_positions, rotary_dim] in `dtype`, row p for absolute position p."""
+    inv_freq, scale = rope_inv_freq(config)
+    positions = torch.arange(max_positions, device=device)
+    freqs = positions[:, None].float() * inv_freq.to(device=device, dtype=torch.float)[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+
+@triton.jit
+def _rotary_kernel(x_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, tok_stride, head_stride, n_heads, head_dim,
+                   rot_dim, BLOCK: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # flat over (head, dim) of one token
+    valid = idx < n_heads * head_dim
+    head = idx // head_dim
+    d = idx % head_dim
+    half = rot_dim // 2
+    rotated = valid & (d < rot_dim)
+    partner = tl.where(d < half, d + half, d - half)
+    dtype = out_ptr.dtype.element_ty
+    pos = tl.load(pos_ptr + tok).to(tl.int64)
+    row = x_ptr + tok * tok_stride + head * head_stride
+    x = tl.load(row + d, mask=valid, other=0.0)
+    xp = tl.load(row + partner, mask=rotated, other=0.0).to(tl.float32)
+    c = tl.load(cos_ptr + pos * rot_dim + d, mask=rotated, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + pos * rot_dim + d, mask=rotated, other=0.0).to(tl.float32)
+    xr = tl.where(d < half, -xp, xp)  # rotate_half: (-x2, x1); negation is exact in any dtype
+    a = (x.to(tl.float32) * c).to(dtype)
+    b = (xr * s).to(dtype)
+    y = (a.to(tl.float32) + b.to(tl.float32)).to(dtype)
+    tl.store(out_ptr + tok * n_heads * head_dim + idx, tl.where(d < rot_dim, y, x), mask=valid)
+
+
+def _rotary_triton(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   block: int) -> torch.Tensor:
+    # Positions are not range-checked on the GPU (that would synchronize): they must be < len(cos).
+    require_triton(x)
+    tokens, heads, head_dim = x.shape
+    out = torch.empty((tokens, heads, head_dim), dtype=x.dtype, device=x.device)
+    if tokens > 0:
+        grid = (tokens, triton.cdiv(heads * head_dim, block))
+        _rotary_kernel[grid](x, out, positions, cos, sin, x.stride(0), x.stride(1), heads, head_dim,
+                             cos.shape[1], BLOCK=block, enable_fp_fusion=False)
+    return out
+
+
+def _rotary_torch(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor) -> torch.Tensor:
+    rot = cos.shape[1]
+    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+    xr, rest = x[..., :rot], x[..., rot:]
+    y = xr * c + torch.cat((-xr[..., rot // 2:], xr[..., :rot // 2]), dim=-1) * s
+    return y if rest.shape[-1] == 0 else torch.cat((y, rest), dim=-1)
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, *, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """New (q, k): q [tokens, heads, head_dim], k [tokens, kv_heads, head_dim], positions [tokens]."""
+    assert q.dim() == 3 and k.dim() == 3 and q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2], \
+        f"q, k must be [tokens, heads, head_dim], got {tuple(q.shape)} and {tuple(k.shape)}"
+    assert q.stride(-1) == 1 and k.stride(-1) == 1, "q and k need a contiguous last dim"
+    assert positions.shape == (q.shape[0],) and positions.dtype in INDEX_DTYPES, \
+        f"positions must be [{q.shape[0]}] int32/int64, got {tuple(positions.shape)} {positions.dtype}"
+    rot = cos.shape[1]
+    assert cos.shape == sin.shape and cos.dim() == 2 and rot % 2 == 0 and rot <= q.shape[2], \
+        f"cos/sin must be [positions, rotary_dim <= head_dim] with even rotary_dim, got {tuple(cos.shape)}"
+    assert q.dtype == k.dtype == cos.dtype == sin.dtype, "q, k and the cos/sin table share the model dtype"
+    assert len({t.device for t in (q, k, positions, cos, sin)}) == 1, "all tensors on one device"
+    check_block(block)
+    if use_triton(q):
+        positions, cos, sin = positions.contiguous(), cos.contiguous(), sin.contiguous()
+        return _rotary_triton(q, positions, cos, sin, block), _rotary_triton(k, positions, cos, sin, block)
+    return _rotary_torch(q, positions, cos, sin), _rotary_torch(k, positions, cos, sin)
+
+
+def apply_rotary_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's own `apply_rotary_pos_emb` on the rotary part (tokens as the batch, unsqueeze_dim=1)."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    rot = cos.shape[1]
+    c, s = cos[positions.long()], sin[positions.long()]
+    qr, kr = apply_rotary_pos_emb(q[..., :rot], k[..., :rot], c, s, unsqueeze_dim=1)
+    return torch.cat((qr, q[..., rot:]), dim=-1), torch.cat((kr, k[..., rot:]), dim=-1)

@@ -1,0 +1,424 @@
+"""Row-wise kernels on the CPU (PyTorch paths): match their references, batch-invariant under the
+detent selection, and the stock selection (block widened for small batches) visibly is not.
+
+The Triton kernels also run here once, under TRITON_INTERPRET=1 on tiny shapes, for correctness
+only: the interpreter proves nothing about GPU bits (and it rounds fp32 -> bf16 toward zero).
+"""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Callable
+
+import pytest
+import torch
+
+from detent_rl.kernels.embedding import embedding, embedding_ref
+from detent_rl.kernels.log_softmax import log_softmax, log_softmax_ref, token_logprobs, token_logprobs_ref
+from detent_rl.kernels.rmsnorm import rmsnorm, rmsnorm_ref
+from detent_rl.kernels.rotary import apply_rotary, apply_rotary_ref, rope_cos_sin, rope_inv_freq
+from detent_rl.kernels.selection.rows import elementwise as elementwise_program
+from detent_rl.kernels.selection.rows import log_softmax as log_softmax_program
+from detent_rl.kernels.selection.rows import rmsnorm as rmsnorm_program
+from detent_rl.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
+from detent_rl.selir.cache import JITCache
+from detent_rl.selir.solver import solve
+
+DTYPES = [torch.float32, torch.bfloat16]
+EPS = 1e-6
+MAX_ROWS = 8192
+# (rtol, atol) against the references; bf16 outputs may differ by a rounding step or two.
+TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1.6e-2, 1e-2)}
+# log-softmax output is fp32 whatever the input dtype; torch's own CPU log_softmax is off by up to
+# ~3e-5 at vocab 151,936 (measured against float64), ten times the kernel's error.
+LOGPROB_TOL = (1e-5, 1e-4)
+EXACT_TOL = (1e-6, 1e-5)  # the kernel against float64
+BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+# ---------------------------------------------------------------------------------------------
+# harness (shared with test_kernels_rows_gpu.py)
+
+def selectors(program, **facts) -> tuple[Callable, Callable]:
+    """(stock, detent) compiled selectors for the program under these facts."""
+    sol = solve(program, dict(facts, max_rows=MAX_ROWS), cache=JITCache(enabled=False))
+    return sol.stock(), sol.commit()
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Row-major bit patterns: equality here is bit equality (+0 vs -0 included)."""
+    t = t.reshape(t.shape[0], -1)
+    return t.view(BITS[t.dtype]) if t.dtype in BITS else t
+
+
+def _describe(a: torch.Tensor, b: torch.Tensor) -> str:
+    a, b = a.reshape(-1), b.reshape(-1)
+    bad = (_bits(a[None]) != _bits(b[None]))[0].nonzero()[:, 0]
+    j = int(bad[0])
+    return (f"{bad.numel()} of {a.numel()} elements differ, first at {j}: {a[j].item()!r} vs {b[j].item()!r}, "
+            f"max |d| {(a.float() - b.float()).abs().max().item():.3g}")
+
+
+def row_mismatches(a: torch.Tensor, b: torch.Tensor) -> list[int]:
+    """Rows r where a[r] and b[r] differ in any bit."""
+    return (_bits(a) != _bits(b)).any(dim=1).nonzero()[:, 0].tolist()
+
+
+Run = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
+
+
+def invariance_failures(run: Run, sizes: tuple[int, ...], *, probes: int = 6, seed: int = 0) -> list[str]:
+    """Every failure of row invariance, with diagnostics.
+
+    `run(idx)` computes a batch made of pool rows `idx` (selecting its parameters for len(idx)
+    rows; the pool holds max(sizes) + probes rows) and returns tensors whose first dim is the row.
+    For each batch size n, probe rows sit at random slots among other pool rows; each probe must
+    equal its 1-row result, and every row must equal itself in the batch rolled to other slots.
+    """
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(max(sizes) + probes, generator=g)
+    probe_rows, fill = order[:probes], order[probes:]
+    alone = {int(p): run(p.view(1)) for p in probe_rows}
+    failures = []
+    for n in sizes:
+        idx = fill[torch.randperm(fill.numel(), generator=g)[:n]].clone()
+        slots = torch.randperm(n, generator=g)[:min(n, probes)]
+        idx[slots] = probe_rows[:slots.numel()]
+        out = run(idx)
+        for slot in slots.tolist():
+            p = int(idx[slot])
+            for k, (got, ref) in enumerate(zip(out, alone[p])):
+                if row_mismatches(got[slot:slot + 1], ref):
+                    failures.append(f"batch {n}, slot {slot} (pool row {p}), output {k}: vs alone: "
+                                    f"{_describe(got[slot], ref[0])}")
+        if n > 1:
+            shift = n // 2 + 1
+            rolled = run(idx.roll(shift))
+            for k, (got, moved) in enumerate(zip(out, rolled)):
+                for r in row_mismatches(got, moved.roll(-shift, dims=0)):
+                    failures.append(f"batch {n}, row {r} (pool row {int(idx[r])}), output {k}: moved to slot "
+                                    f"{(r + shift) % n}: {_describe(got[r], moved[(r + shift) % n])}")
+    return failures
+
+
+def alone_vs_batch(run: Run, n: int) -> list[int]:
+    """Pool rows 0..n-1 computed in one batch of n vs each alone: the rows whose bits differ."""
+    batch = run(torch.arange(n))
+    bad = set()
+    for i in range(n):
+        for got, ref in zip(run(torch.tensor([i])), batch):
+            if row_mismatches(got, ref[i:i + 1]):
+                bad.add(i)
+    return sorted(bad)
+
+
+def rstd_witness_rows(rows: int, hidden: int, seed: int = 0) -> torch.Tensor:
+    """bf16 rows on which RMSNorm's output bits expose the association of the sum of squares.
+
+    Random bf16 rows hide it: their squares carry few bits, so the fp32 sum is mostly exact in any
+    order, and a 1-ulp change of rstd seldom moves a bf16 rounding. Here a quarter of each row is
+    1.0, the rest is noise of log-uniform magnitude (squares whose low bits get rounded away, in an
+    order-dependent way), tuned in float64 with ever smaller elements so that the exact rstd sits
+    within two fp32 ulps of m = 1 + 2^-8 (offsets vary by row). m is a bf16 tie that rounds to 1.0,
+    the next fp32 value rounds to 1 + 2^-7: y = (1.0 * rstd).to(bf16) hangs on the sum's last bits.
+    """
+    g = torch.Generator().manual_seed(seed)
+    ones, tune = hidden // 4, 4
+    n_noise = hidden - ones - tune
+    out = torch.empty(rows, hidden, dtype=torch.bfloat16)
+    for r in range(rows):
+        rstd = 1.0 + 2.0 ** -8 + ((r % 33) - 16) * 2.0 ** -26
+        target = hidden * (1.0 / rstd ** 2 - EPS)
+        rest = -1.0
+        while rest <= 0.0:
+            noise = torch.randn(n_noise, generator=g, dtype=torch.float64) * torch.exp(
+                -6.0 * torch.rand(n_noise, generator=g, dtype=torch.float64))
+            noise = (noise * math.sqrt(0.9 * (target - ones) / noise.pow(2).sum().item())).to(torch.bfloat16)
+            rest = target - ones - noise.double().pow(2).sum().item()
+        small = []
+        for _ in range(tune):
+            t = torch.tensor([math.sqrt(rest)], dtype=torch.float64).to(torch.bfloat16)
+            if t.double().item() ** 2 > rest:  # round down so the remainder stays >= 0
+                t = (t.view(torch.int16) - 1).view(torch.bfloat16)
+            small.append(t)
+            rest -= t.double().item() ** 2
+        out[r] = torch.cat([torch.ones(ones, dtype=torch.bfloat16), noise, *small])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# RMSNorm
+
+def rmsnorm_run(x: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None, sel: Callable) -> Run:
+    def run(idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        cfg, i = sel(idx.numel()), idx.to(x.device)
+        out = rmsnorm(x[i], w, EPS, block=cfg.block, num_warps=cfg.num_warps,
+                      residual=None if res is None else res[i])
+        return out if isinstance(out, tuple) else (out,)
+    return run
+
+
+def rmsnorm_inputs(rows: int, hidden: int, dtype: torch.dtype, device: str = "cpu", seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, hidden, generator=g) * 3).to(dtype).to(device)
+    w = (1 + 0.1 * torch.randn(hidden, generator=g)).to(dtype).to(device)
+    res = torch.randn(rows, hidden, generator=g).to(dtype).to(device)
+    return x, w, res
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("hidden", [896, 1000, 4096])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rmsnorm_matches_reference(dtype, hidden, residual):
+    x, w, res = rmsnorm_inputs(37, hidden, dtype)
+    res = res if residual else None
+    for block in (128, 256, 1024, 4096):
+        got = rmsnorm(x, w, EPS, block=block, residual=res)
+        ref = rmsnorm_ref(x, w, EPS, residual=res)
+        if residual:
+            assert torch.equal(got[1], ref[1]), "the new residual is x + residual, exactly"
+            got, ref = got[0], ref[0]
+        rtol, atol = TOL[dtype]
+        torch.testing.assert_close(got, ref, rtol=rtol, atol=atol, msg=lambda m: f"block {block}: {m}")
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("hidden", [896, 1000, 4096])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rmsnorm_detent_is_batch_invariant(dtype, hidden, residual):
+    _, detent = selectors(rmsnorm_program, hidden=hidden)
+    x, w, res = rmsnorm_inputs(1006, hidden, dtype)
+    failures = invariance_failures(rmsnorm_run(x, w, res if residual else None, detent), (1, 3, 64, 300, 1000))
+    assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rmsnorm_stock_selection_breaks_invariance(dtype, residual):
+    hidden = 896
+    stock, detent = selectors(rmsnorm_program, hidden=hidden)
+    assert stock(1).block != stock(512).block, "stock must read the batch"
+    x, w, res = rmsnorm_inputs(512, hidden, dtype)
+    if dtype == torch.bfloat16:  # random bf16 rows almost never show it (see rstd_witness_rows)
+        x, w = rstd_witness_rows(512, hidden), torch.ones_like(w)
+    if residual:  # h = x/2 + x/2 = x exactly, so the witness rows survive the residual add
+        x = x / 2
+        res = x.clone()
+    else:
+        res = None
+    assert alone_vs_batch(rmsnorm_run(x, w, res, detent), 512) == []
+    stock_bad = alone_vs_batch(rmsnorm_run(x, w, res, stock), 512)
+    assert stock_bad, "negative control: stock selection (block 1024 alone, 256 in a batch of 512) changed no row"
+
+
+# ---------------------------------------------------------------------------------------------
+# log-softmax and token logprobs
+
+def log_softmax_run(logits: torch.Tensor, ids: torch.Tensor, sel: Callable, temperature: float = 1.0) -> Run:
+    def run(idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        cfg, i = sel(idx.numel()), idx.to(logits.device)
+        kw = dict(block=cfg.block, num_warps=cfg.num_warps, temperature=temperature)
+        return log_softmax(logits[i], **kw), token_logprobs(logits[i], ids[i], **kw)
+    return run
+
+
+def logits_inputs(rows: int, vocab: int, dtype: torch.dtype, device: str = "cpu", seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(rows, vocab, generator=g) * 4).to(dtype).to(device)
+    ids = torch.randint(0, vocab, (rows,), generator=g).to(device)
+    return logits, ids
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("vocab", [151936, 1000, 32])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_log_softmax_matches_reference(dtype, vocab, temperature):
+    logits, ids = logits_inputs(9, vocab, dtype)
+    for block in (128, 1024, 4096):
+        got = log_softmax(logits, block=block, temperature=temperature)
+        ref = log_softmax_ref(logits, temperature=temperature)
+        torch.testing.assert_close(got, ref, rtol=LOGPROB_TOL[0], atol=LOGPROB_TOL[1])
+        scaled = logits.float() / torch.tensor(temperature, dtype=torch.float32, device=logits.device)
+        exact = torch.log_softmax(scaled.double(), dim=-1)
+        torch.testing.assert_close(got.double(), exact, rtol=EXACT_TOL[0], atol=EXACT_TOL[1])
+        tok = token_logprobs(logits, ids, block=block, temperature=temperature)
+        assert torch.equal(_bits(tok[:, None]), _bits(got.gather(1, ids[:, None]))), \
+            "token_logprobs must equal log_softmax at the token, bit for bit"
+        torch.testing.assert_close(tok, token_logprobs_ref(logits, ids, temperature=temperature),
+                                   rtol=LOGPROB_TOL[0], atol=LOGPROB_TOL[1])
+
+
+@pytest.mark.parametrize("dtype,vocab", [(torch.bfloat16, 151936), (torch.float32, 1000)])
+def test_log_softmax_detent_is_batch_invariant(dtype, vocab):
+    _, detent = selectors(log_softmax_program, vocab=vocab)
+    logits, ids = logits_inputs(306, vocab, dtype)
+    failures = invariance_failures(log_softmax_run(logits, ids, detent, 0.7), (1, 3, 64, 300))
+    assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_log_softmax_stock_selection_breaks_invariance(dtype):
+    vocab = 32000
+    stock, detent = selectors(log_softmax_program, vocab=vocab)
+    assert stock(1).block != stock(512).block, "stock must read the batch"
+    logits, ids = logits_inputs(512, vocab, dtype)
+    assert alone_vs_batch(log_softmax_run(logits, ids, detent), 512) == []
+    assert alone_vs_batch(log_softmax_run(logits, ids, stock), 512), \
+        "negative control: stock selection (block 4096 alone, 1024 in a batch of 512) changed no row"
+
+
+# ---------------------------------------------------------------------------------------------
+# elementwise families: SiLU-and-mul, rotary, embedding
+
+@pytest.mark.parametrize("width", [128, 896, 1000, 4864, 151936])
+def test_elementwise_selection_reads_no_batch(width):
+    sol = solve(elementwise_program, {"width": width, "max_rows": MAX_ROWS}, cache=JITCache(enabled=False))
+    assert sol.stats["batch_dependent_points"] == ()
+    stock, detent = sol.stock(), sol.commit()
+    assert {stock(n) for n in (1, 3, 255, 256, 257, 8192)} == {detent(1)}
+
+
+@pytest.mark.parametrize("d", [896, 1000, 4864])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_matches_reference_and_is_invariant(dtype, d):
+    _, detent = selectors(elementwise_program, width=d)
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(1006, 2 * d, generator=g) * 3).to(dtype)
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(silu_and_mul(x[:50], block=detent(50).block), silu_and_mul_ref(x[:50]),
+                               rtol=rtol, atol=atol)
+
+    def run(idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (silu_and_mul(x[idx], block=detent(idx.numel()).block),)
+    failures = invariance_failures(run, (1, 3, 64, 300, 1000))
+    assert not failures, "\n".join(failures[:20])
+
+
+def _hf_configs() -> dict:
+    from transformers import LlamaConfig, Qwen2Config
+    return {
+        "default": Qwen2Config(hidden_size=896, num_attention_heads=14, num_key_value_heads=2,
+                               rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        "linear": LlamaConfig(hidden_size=512, num_attention_heads=4,
+                              rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}),
+        "llama3": LlamaConfig(hidden_size=512, num_attention_heads=4, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 512}),
+        "yarn": Qwen2Config(hidden_size=512, num_attention_heads=4, num_key_value_heads=2, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 1024}),
+    }
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_table_is_hf_rotary_embedding(dtype):
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    positions = torch.arange(3000)
+    for name, cfg in _hf_configs().items():
+        cos, sin = rope_cos_sin(cfg, 3000, "cpu", dtype)
+        hf_cos, hf_sin = LlamaRotaryEmbedding(cfg)(torch.zeros(1, dtype=dtype), positions[None])
+        assert torch.equal(cos, hf_cos[0]) and torch.equal(sin, hf_sin[0]), f"rope type {name}"
+
+
+def test_rope_refuses_sequence_dependent_types():
+    from transformers import LlamaConfig
+    half = 64
+    for params in ({"rope_type": "dynamic", "factor": 2.0},
+                   {"rope_type": "longrope", "long_factor": [1.0] * half, "short_factor": [1.0] * half,
+                    "original_max_position_embeddings": 256}):
+        cfg = LlamaConfig(hidden_size=512, num_attention_heads=4, max_position_embeddings=1024,
+                          rope_parameters=dict(params, rope_theta=10000.0))
+        with pytest.raises(ValueError, match="sequence length"):
+            rope_inv_freq(cfg)
+
+
+@pytest.mark.parametrize("rotary_dim", [64, 32])  # full and partial rotary (head_dim 64)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_apply_rotary_is_hf_and_invariant(dtype, rotary_dim):
+    heads, kv_heads, head_dim, max_pos = 14, 2, 64, 4096
+    cos, sin = rope_cos_sin(_hf_configs()["default"], max_pos, "cpu", dtype)
+    cos, sin = cos[:, :rotary_dim].contiguous(), sin[:, :rotary_dim].contiguous()
+    if rotary_dim < head_dim:  # a table built for rotary_dim: both halves carry the same frequencies
+        cos, sin = torch.cat([cos[:, :rotary_dim // 2]] * 2, 1), torch.cat([sin[:, :rotary_dim // 2]] * 2, 1)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1006, heads, head_dim, generator=g).to(dtype)
+    k = torch.randn(1006, kv_heads, head_dim, generator=g).to(dtype)
+    pos = torch.randint(0, max_pos, (1006,), generator=g)
+    _, detent = selectors(elementwise_program, width=heads * head_dim)
+    got = apply_rotary(q[:40], k[:40], pos[:40], cos, sin, block=detent(40).block)
+    ref = apply_rotary_ref(q[:40], k[:40], pos[:40], cos, sin)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]), "same ops as HF, same bits"
+
+    def run(idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return apply_rotary(q[idx], k[idx], pos[idx], cos, sin, block=detent(idx.numel()).block)
+    failures = invariance_failures(run, (1, 3, 64, 300, 1000))
+    assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_matches_reference_and_is_invariant(dtype):
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(5000, 896, generator=g).to(dtype)
+    ids = torch.randint(0, 5000, (1006,), generator=g)
+    _, detent = selectors(elementwise_program, width=896)
+    assert torch.equal(embedding(ids[:50].int(), weight, block=detent(50).block), embedding_ref(ids[:50], weight))
+
+    def run(idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (embedding(ids[idx], weight, block=detent(idx.numel()).block),)
+    failures = invariance_failures(run, (1, 3, 64, 300, 1000))
+    assert not failures, "\n".join(failures[:20])
+
+
+# ---------------------------------------------------------------------------------------------
+# the Triton kernels under the interpreter (correctness on tiny shapes only)
+
+_INTERPRETED = textwrap.dedent("""
+    import torch
+    from detent_rl.kernels.rmsnorm import _rmsnorm_triton, rmsnorm_ref
+    from detent_rl.kernels.log_softmax import _log_softmax_triton, _token_logprobs_triton, log_softmax_ref
+    from detent_rl.kernels.silu_and_mul import _silu_and_mul_triton, silu_and_mul_ref
+    from detent_rl.kernels.rotary import _rotary_triton, _rotary_torch
+    from detent_rl.kernels.embedding import _embedding_triton
+    g = torch.Generator().manual_seed(0)
+    # the interpreter rounds fp32 -> bf16 toward zero, so bf16 is compared to within two bf16 steps
+    tol = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2 ** -6, atol=2 ** -6)}
+    for dt in (torch.float32, torch.bfloat16):
+        x = torch.randn(5, 200, generator=g).to(dt)
+        w = torch.randn(200, generator=g).to(dt)
+        r = torch.randn(5, 200, generator=g).to(dt)
+        out, res = _rmsnorm_triton(x, w, 1e-6, r, 64, 4)
+        ref, ref_res = rmsnorm_ref(x, w, 1e-6, residual=r)
+        torch.testing.assert_close(out, ref, **tol[dt])
+        torch.testing.assert_close(res, ref_res, **tol[dt])
+        one, _ = _rmsnorm_triton(x[3:4], w, 1e-6, r[3:4], 64, 4)
+        assert torch.equal(one[0], out[3]), "rmsnorm row 3 alone"
+        logits = (torch.randn(4, 300, generator=g) * 4).to(dt)
+        ids = torch.randint(0, 300, (4,), generator=g)
+        for temp in (1.0, 0.7):
+            lsm = _log_softmax_triton(logits, 64, 4, temp)
+            torch.testing.assert_close(lsm, log_softmax_ref(logits, temperature=temp), rtol=1e-5, atol=2e-5)
+            tok = _token_logprobs_triton(logits, ids, 64, 4, temp)
+            assert torch.equal(tok, lsm[torch.arange(4), ids]), "token_logprobs == log_softmax[token]"
+            assert torch.equal(_log_softmax_triton(logits[2:3], 64, 4, temp)[0], lsm[2]), "lsm row 2 alone"
+        xm = (torch.randn(3, 2 * 100, generator=g) * 3).to(dt)
+        torch.testing.assert_close(_silu_and_mul_triton(xm, 64), silu_and_mul_ref(xm), **tol[dt])
+        cos = torch.randn(64, 32, generator=g).to(dt)
+        sin = torch.randn(64, 32, generator=g).to(dt)
+        q = torch.randn(6, 3, 48, generator=g).to(dt)  # partial rotary: 32 of 48 dims
+        pos = torch.randint(0, 64, (6,), generator=g)
+        torch.testing.assert_close(_rotary_triton(q, pos, cos, sin, 32), _rotary_torch(q, pos, cos, sin), **tol[dt])
+        emb_w = torch.randn(50, 100, generator=g).to(dt)
+        emb_ids = torch.randint(0, 50, (7,), generator=g)
+        assert torch.equal(_embedding_triton(emb_ids, emb_w, 64), emb_w[emb_ids])
+    print("interpreted kernels ok")
+""")
+
+
+def test_triton_kernels_under_interpreter(tmp_path):
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
