@@ -11,18 +11,11 @@ for its shorter rows, so a row's bits do not see the tile either.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = None
-
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+from detent_rl.kernels._triton import interpreting, tl, triton
 
 
 @dataclass(frozen=True)
@@ -52,88 +45,87 @@ def attn_meta(q_lens: list[int], cached: list[int], block_table: torch.Tensor, b
                     as_t(tiles_q), block_m)
 
 
-if triton is not None:
 
-    @triton.jit
-    def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_ptr, tile_q0_ptr,
-                          m_ptr, l_ptr, o_ptr, scale, stride_qt, stride_qh, stride_kp, stride_ks, stride_kh,
-                          stride_bt, stride_mt, stride_mh, stride_ot, stride_oh, stride_os,
-                          GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                          IEEE: tl.constexpr, UPCAST: tl.constexpr):
-        tile = tl.program_id(0)
-        head = tl.program_id(1)
-        split = tl.program_id(2)
-        req = tl.load(tile_req_ptr + tile)
-        q0 = tl.load(tile_q0_ptr + tile)
-        q_begin = tl.load(cu_q_ptr + req)
-        q_end = tl.load(cu_q_ptr + req + 1)
-        pos0 = tl.load(pos0_ptr + req)
-        rows = q0 + tl.arange(0, BLOCK_M)
-        row_ok = rows < q_end
-        row_pos = pos0 + rows - q_begin
-        last_pos = pos0 + tl.minimum(q0 + BLOCK_M, q_end) - 1 - q_begin
-        lo = split * SPLIT
-        if lo <= last_pos:
-            hi = tl.minimum(lo + SPLIT, last_pos + 1)
-            kvh = head // GROUP
-            d = tl.arange(0, HEAD_DIM)
-            q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + d[None, :],
-                        mask=row_ok[:, None], other=0.0)
-            if UPCAST:
-                q = q.to(tl.float32)
-            m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            l = tl.zeros([BLOCK_M], tl.float32)
-            acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-            for start in range(lo, hi, BLOCK_N):
-                kpos = start + tl.arange(0, BLOCK_N)
-                kmask = kpos < hi
-                page = tl.load(bt_ptr + req * stride_bt + kpos // PAGE, mask=kmask, other=0)
-                off = page[:, None] * stride_kp + (kpos % PAGE)[:, None] * stride_ks + kvh * stride_kh + d[None, :]
-                k = tl.load(k_ptr + off, mask=kmask[:, None], other=0.0)
-                v = tl.load(v_ptr + off, mask=kmask[:, None], other=0.0)
-                if UPCAST:
-                    k = k.to(tl.float32)
-                    v = v.to(tl.float32)
-                if IEEE:
-                    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-                else:
-                    s = tl.dot(q, tl.trans(k)) * scale
-                s = tl.where(kpos[None, :] <= row_pos[:, None], s, float("-inf"))
-                m_new = tl.maximum(m, tl.max(s, 1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp(m - m_safe)  # exactly 1 for a block fully masked for the row
-                p = tl.exp(s - m_safe[:, None])  # exactly 0 where masked
-                l = l * alpha + tl.sum(p, 1)
-                if IEEE:
-                    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-                else:
-                    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-                m = m_new
-            ml = rows * stride_mt + head * stride_mh + split
-            tl.store(m_ptr + ml, m, mask=row_ok)
-            tl.store(l_ptr + ml, l, mask=row_ok)
-            tl.store(o_ptr + rows[:, None] * stride_ot + head * stride_oh + split * stride_os + d[None, :],
-                     acc, mask=row_ok[:, None])
-
-    @triton.jit
-    def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, pos_ptr, stride_mt, stride_mh, stride_ot, stride_oh,
-                        stride_os, stride_outt, stride_outh, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr):
-        t = tl.program_id(0)
-        h = tl.program_id(1)
-        n = tl.load(pos_ptr + t) // SPLIT + 1
+@triton.jit
+def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_ptr, tile_q0_ptr,
+                      m_ptr, l_ptr, o_ptr, scale, stride_qt, stride_qh, stride_kp, stride_ks, stride_kh,
+                      stride_bt, stride_mt, stride_mh, stride_ot, stride_oh, stride_os,
+                      GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                      IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    split = tl.program_id(2)
+    req = tl.load(tile_req_ptr + tile)
+    q0 = tl.load(tile_q0_ptr + tile)
+    q_begin = tl.load(cu_q_ptr + req)
+    q_end = tl.load(cu_q_ptr + req + 1)
+    pos0 = tl.load(pos0_ptr + req)
+    rows = q0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < q_end
+    row_pos = pos0 + rows - q_begin
+    last_pos = pos0 + tl.minimum(q0 + BLOCK_M, q_end) - 1 - q_begin
+    lo = split * SPLIT
+    if lo <= last_pos:
+        hi = tl.minimum(lo + SPLIT, last_pos + 1)
+        kvh = head // GROUP
         d = tl.arange(0, HEAD_DIM)
-        base = t * stride_mt + h * stride_mh
-        mx = tl.load(m_ptr + base)
-        for j in range(1, n):
-            mx = tl.maximum(mx, tl.load(m_ptr + base + j))
-        total = tl.zeros([1], tl.float32)
-        acc = tl.zeros([HEAD_DIM], tl.float32)
-        for j in range(0, n):  # splits in order, the same arithmetic for prefill and decode
-            w = tl.exp(tl.load(m_ptr + base + j) - mx)
-            total += tl.load(l_ptr + base + j) * w
-            acc += tl.load(o_ptr + t * stride_ot + h * stride_oh + j * stride_os + d) * w
-        tl.store(out_ptr + t * stride_outt + h * stride_outh + d, (acc / total).to(out_ptr.dtype.element_ty))
+        q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + d[None, :],
+                    mask=row_ok[:, None], other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        row_sum = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        for start in range(lo, hi, BLOCK_N):
+            kpos = start + tl.arange(0, BLOCK_N)
+            kmask = kpos < hi
+            page = tl.load(bt_ptr + req * stride_bt + kpos // PAGE, mask=kmask, other=0)
+            off = page[:, None] * stride_kp + (kpos % PAGE)[:, None] * stride_ks + kvh * stride_kh + d[None, :]
+            k = tl.load(k_ptr + off, mask=kmask[:, None], other=0.0)
+            v = tl.load(v_ptr + off, mask=kmask[:, None], other=0.0)
+            if UPCAST:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            else:
+                s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.where(kpos[None, :] <= row_pos[:, None], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m - m_safe)  # exactly 1 for a block fully masked for the row
+            p = tl.exp(s - m_safe[:, None])  # exactly 0 where masked
+            row_sum = row_sum * alpha + tl.sum(p, 1)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m = m_new
+        ml = rows * stride_mt + head * stride_mh + split
+        tl.store(m_ptr + ml, m, mask=row_ok)
+        tl.store(l_ptr + ml, row_sum, mask=row_ok)
+        tl.store(o_ptr + rows[:, None] * stride_ot + head * stride_oh + split * stride_os + d[None, :],
+                 acc, mask=row_ok[:, None])
+
+@triton.jit
+def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, pos_ptr, stride_mt, stride_mh, stride_ot, stride_oh,
+                    stride_os, stride_outt, stride_outh, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    n = tl.load(pos_ptr + t) // SPLIT + 1
+    d = tl.arange(0, HEAD_DIM)
+    base = t * stride_mt + h * stride_mh
+    mx = tl.load(m_ptr + base)
+    for j in range(1, n):
+        mx = tl.maximum(mx, tl.load(m_ptr + base + j))
+    total = tl.zeros([1], tl.float32)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    for j in range(0, n):  # splits in order, the same arithmetic for prefill and decode
+        w = tl.exp(tl.load(m_ptr + base + j) - mx)
+        total += tl.load(l_ptr + base + j) * w
+        acc += tl.load(o_ptr + t * stride_ot + h * stride_oh + j * stride_os + d) * w
+    tl.store(out_ptr + t * stride_outt + h * stride_outh + d, (acc / total).to(out_ptr.dtype.element_ty))
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta, block_n: int,
@@ -155,7 +147,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = torch.empty_like(q)
     if T == 0:
         return out
-    if not (q.is_cuda or INTERPRET):
+    if not (q.is_cuda or interpreting()):
         return _attention_cpu(q, k_cache, v_cache, meta, scale, block_n, split_size, out)
     m = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)
     lsum = torch.empty_like(m)
@@ -166,7 +158,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         scale, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         meta.block_table.stride(0), m.stride(0), m.stride(1), o.stride(0), o.stride(1), o.stride(2),
         GROUP=H // k_cache.shape[2], PAGE=k_cache.shape[1], HEAD_DIM=D, BLOCK_M=meta.block_m, BLOCK_N=block_n,
-        SPLIT=split_size, IEEE=q.dtype == torch.float32, UPCAST=INTERPRET and q.dtype != torch.float32,
+        SPLIT=split_size, IEEE=q.dtype == torch.float32, UPCAST=interpreting() and q.dtype != torch.float32,
         num_warps=num_warps, num_stages=num_stages)
     _combine_kernel[(T, H)](m, lsum, o, out, meta.token_pos, m.stride(0), m.stride(1), o.stride(0),
                             o.stride(1), o.stride(2), out.stride(0), out.stride(1), HEAD_DIM=D, SPLIT=split_size)

@@ -8,74 +8,65 @@ stock selection's split-K for small M is exactly what makes its bits follow the 
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only installs without triton use the PyTorch path
-    triton = None
+from detent_rl.kernels._triton import interpreting, tl, triton
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
-if triton is not None:
-
-    @triton.jit
-    def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, stride_xk,
-                       stride_wn, stride_wk, stride_om, stride_on, k_blocks_per_split,
-                       HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                       IEEE: tl.constexpr, UPCAST: tl.constexpr):
-        pid = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        num_pid_m = tl.cdiv(M, BLOCK_M)
-        num_pid_n = tl.cdiv(N, BLOCK_N)
-        group = GROUP_M * num_pid_n
-        first_m = (pid // group) * GROUP_M
-        size_m = min(num_pid_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % group) % size_m
-        pid_n = (pid % group) // size_m
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        k0 = pid_k * k_blocks_per_split * BLOCK_K
-        for kb in range(0, k_blocks_per_split):
-            offs_k = k0 + kb * BLOCK_K + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
-                        mask=(offs_m[:, None] < M) & (offs_k[None, :] < K), other=0.0)
-            w = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
-                        mask=(offs_n[None, :] < N) & (offs_k[:, None] < K), other=0.0)
-            if UPCAST:  # the CPU interpreter mis-computes tl.dot on 16-bit operands
-                x = x.to(tl.float32)
-                w = w.to(tl.float32)
-            if IEEE:
-                acc = tl.dot(x, w, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(x, w, acc)
-        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        if SPLIT_K == 1:
-            if HAS_BIAS:
-                acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-            tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on,
-                     acc.to(out_ptr.dtype.element_ty), mask=mask)
+@triton.jit
+def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, stride_xk,
+                   stride_wn, stride_wk, stride_om, stride_on, k_blocks_per_split,
+                   HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                   IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_pid_n
+    first_m = (pid // group) * GROUP_M
+    size_m = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % size_m
+    pid_n = (pid % group) // size_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k0 = pid_k * k_blocks_per_split * BLOCK_K
+    for kb in range(0, k_blocks_per_split):
+        offs_k = k0 + kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
+                    mask=(offs_m[:, None] < M) & (offs_k[None, :] < K), other=0.0)
+        w = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
+                    mask=(offs_n[None, :] < N) & (offs_k[:, None] < K), other=0.0)
+        if UPCAST:  # the CPU interpreter mis-computes tl.dot on 16-bit operands
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+        if IEEE:
+            acc = tl.dot(x, w, acc, input_precision="ieee")
         else:
-            tl.store(ws_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
-
-    @triton.jit
-    def _splitk_reduce_kernel(ws_ptr, b_ptr, out_ptr, M, N, stride_om, stride_on,
-                              HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < M * N
-        acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
-        for s in tl.static_range(1, SPLIT_K):  # partials added in split order, always
-            acc += tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0)
-        n = offs % N
+            acc = tl.dot(x, w, acc)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if SPLIT_K == 1:
         if HAS_BIAS:
-            acc += tl.load(b_ptr + n, mask=mask, other=0.0).to(tl.float32)
-        m = offs // N
-        tl.store(out_ptr + m * stride_om + n * stride_on, acc.to(out_ptr.dtype.element_ty), mask=mask)
+            acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on,
+                 acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(ws_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
+
+@triton.jit
+def _splitk_reduce_kernel(ws_ptr, b_ptr, out_ptr, M, N, stride_om, stride_on,
+                          HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):  # partials added in split order, always
+        acc += tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0)
+    n = offs % N
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + n, mask=mask, other=0.0).to(tl.float32)
+    m = offs // N
+    tl.store(out_ptr + m * stride_om + n * stride_on, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -94,7 +85,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     """`x @ w.T + bias` for x [M, K], w [N, K] with the given (selected) tile."""
     _check(x, w, bias)
     assert split_k >= 1 and block_m > 0 and block_n > 0 and block_k > 0
-    if x.is_cuda or INTERPRET:
+    if x.is_cuda or interpreting():
         return _linear_triton(x, w, bias, block_m, block_n, block_k, group_m, num_warps, num_stages, split_k)
     return _linear_cpu(x, w, bias, block_m, block_k, split_k)
 
@@ -113,7 +104,7 @@ def _linear_triton(x, w, bias, block_m, block_n, block_k, group_m, num_warps, nu
     _matmul_kernel[grid](x, w, b, out, ws, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
                          out.stride(0), out.stride(1), per_split, HAS_BIAS=bias is not None, SPLIT_K=split_k,
                          BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
-                         IEEE=x.dtype == torch.float32, UPCAST=INTERPRET and x.dtype != torch.float32,
+                         IEEE=x.dtype == torch.float32, UPCAST=interpreting() and x.dtype != torch.float32,
                          num_warps=num_warps, num_stages=num_stages)
     if split_k > 1:
         block = 1024

@@ -83,8 +83,9 @@ class CommitmentTuple:
         if not isinstance(data, dict) or not isinstance(data.get("sites"), dict):
             raise SelIRError(f"commitment tuple {p}: expected an object with a 'sites' object")
         for key, entry in data["sites"].items():
-            if set(entry) - {"pins", "knobs"}:
-                raise SelIRError(f"commitment tuple {p}: sites.{key} has unknown keys {sorted(set(entry) - {'pins', 'knobs'})}")
+            extra = sorted(set(entry) - {"pins", "knobs"})
+            if extra:
+                raise SelIRError(f"commitment tuple {p}: sites.{key} has unknown keys {extra}")
         return cls(data["sites"], data.get("deployment"))
 
     def save(self, path: os.PathLike | str) -> None:
