@@ -15,7 +15,7 @@ from detent_rl.kernels.selection.rows import elementwise as elementwise_program
 from detent_rl.kernels.selection.rows import log_softmax as log_softmax_program
 from detent_rl.kernels.selection.rows import rmsnorm as rmsnorm_program
 from detent_rl.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
-from test_kernels_rows import (DTYPES, EPS, LOGPROB_TOL, TOL, _bits, _hf_configs, alone_vs_batch,
+from rows_cases import (DTYPES, EPS, LOGPROB_TOL, TOL, _bits, _hf_configs, alone_vs_batch,
                                invariance_failures, log_softmax_run, logits_inputs, rmsnorm_inputs,
                                rmsnorm_run, row_mismatches, rstd_witness_rows, selectors)
 
