@@ -54,7 +54,8 @@ class Deployment:
                     "max_batch": self.max_batch, "max_num_tokens": self.max_num_tokens,
                     "smem_bytes": self.smem_bytes, "dtype_bytes": self.dtype_bytes}
         if family == "rmsnorm":
-            return {"hidden": site.get("hidden", self.hidden), "max_rows": self.max_num_tokens}
+            rows = self.max_num_tokens * site.get("rows_per_token", 1)
+            return {"hidden": site.get("hidden", self.hidden), "max_rows": rows}
         if family == "log_softmax":
             return {"vocab": self.vocab, "max_rows": self.max_num_tokens}
         if family == "elementwise":

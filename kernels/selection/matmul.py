@@ -51,9 +51,12 @@ def matmul(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[int], sme
     pad = knob("pad_m", PADS, 1)
     m_padded = (m + pad - 1) // pad * pad
     bucket = gemm_bucket(m_padded)
-    tile = GEMM_TILES[bucket]
+    row = GEMM_TILES[bucket]
+    # a short K cannot feed every split-K part: split no further than K has blocks
+    k_blocks = (k + row.block_k - 1) // row.block_k
+    tile = GemmTile(block_m=row.block_m, block_n=row.block_n, block_k=row.block_k, group_m=row.group_m,
+                    num_warps=row.num_warps, num_stages=row.num_stages, split_k=min(row.split_k, k_blocks))
     stage = (tile.block_m + tile.block_n) * tile.block_k * dtype_bytes
-    require((k + tile.block_k - 1) // tile.block_k >= tile.split_k, "every split-K part gets a K block")
     require(stage * tile.num_stages <= smem_bytes, "the pipelined tiles must fit in shared memory")
     return {"tile": tile, "pad_m": pad}
 

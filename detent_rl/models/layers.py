@@ -1,0 +1,184 @@
+"""The model's layers, each a thin shell over one of our kernels and the selector of its call site.
+
+Every layer asks `KernelSelections` for its selector once, at construction (selectors are memoised
+per site, so the 2 x num_layers norms of one width share one), and calls it with the step's row
+count on every forward. No layer falls back to torch.nn.functional: a row's bits are decided by
+the selected kernel parameters only, which is what makes them batch-invariant under the detent arm.
+
+Each parameter carries its own `weight_loader(param, tensor[, shard_id])`; fused projections
+(q/k/v, gate/up) load their HF shards into row ranges of one weight, so one matmul serves them.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from detent_rl.kernels.attention import paged_attention, store_kv
+from detent_rl.kernels.embedding import embedding
+from detent_rl.kernels.matmul import linear
+from detent_rl.kernels.rmsnorm import rmsnorm
+from detent_rl.kernels.rotary import apply_rotary
+from detent_rl.kernels.selections import KernelSelections
+from detent_rl.kernels.silu_and_mul import silu_and_mul
+from detent_rl.models.config import ModelConfig
+from detent_rl.models.context import get_context
+
+Device = torch.device | str
+
+
+def new_param(shape: tuple[int, ...], device: Device, dtype: torch.dtype) -> nn.Parameter:
+    # No grad by default (the rollout's case); the trainer turns it on with `requires_grad_()`.
+    p = nn.Parameter(torch.empty(shape, device=device, dtype=dtype), requires_grad=False)
+    p.weight_loader = copy_weight
+    return p
+
+
+def copy_weight(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    _copy_into(param.data, loaded)
+
+
+def _copy_into(dst: torch.Tensor, loaded: torch.Tensor) -> None:
+    if dst.shape != loaded.shape:
+        raise ValueError(f"shape {tuple(loaded.shape)} does not fit the parameter's {tuple(dst.shape)}")
+    dst.copy_(loaded)
+
+
+class Linear(nn.Module):
+    """y = x @ weight.T (+ bias), weight [out, in], through the matmul selector of (n=out, k=in)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, selections: KernelSelections,
+                 device: Device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = new_param((out_features, in_features), device, dtype)
+        self.bias = new_param((out_features,), device, dtype) if bias else None
+        self._select = selections.get("matmul", n=out_features, k=in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = self._select(x.shape[0])  # pad_m only moves the selection's bucket; the kernel needs no padding
+        return linear(x, self.weight, self.bias, block_m=t.tile_block_m, block_n=t.tile_block_n,
+                      block_k=t.tile_block_k, group_m=t.tile_group_m, num_warps=t.tile_num_warps,
+                      num_stages=t.tile_num_stages, split_k=t.tile_split_k)
+
+
+class MergedLinear(Linear):
+    """Several projections of one input stacked along the output: shards (name, rows) in order."""
+
+    def __init__(self, in_features: int, shards: dict[str, int], bias: bool, selections: KernelSelections,
+                 device: Device, dtype: torch.dtype) -> None:
+        super().__init__(in_features, sum(shards.values()), bias, selections, device, dtype)
+        self.offsets, at = {}, 0
+        for name, rows in shards.items():
+            self.offsets[name] = (at, rows)
+            at += rows
+        for p in (self.weight, self.bias):
+            if p is not None:
+                p.weight_loader = self.load_shard
+                p.shard_ids = tuple(shards)
+
+    def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
+        start, rows = self.offsets[shard_id]
+        _copy_into(param.data.narrow(0, start, rows), loaded)
+
+
+class RMSNorm(nn.Module):
+    """HF RMSNorm over the last dim of [rows, width]; with `residual`, fused add, returns (out, sum)."""
+
+    def __init__(self, width: int, eps: float, selections: KernelSelections, device: Device,
+                 dtype: torch.dtype, rows_per_token: int = 1) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = new_param((width,), device, dtype)
+        # a per-head norm (Qwen3's q/k norm) has `heads` rows per token: its site's row bound says so
+        site = {"rows_per_token": rows_per_token} if rows_per_token != 1 else {}
+        self._select = selections.get("rmsnorm", hidden=width, **site)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        s = self._select(x.shape[0])
+        return rmsnorm(x, self.weight, self.eps, block=s.block, num_warps=s.num_warps, residual=residual)
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab: int, hidden: int, selections: KernelSelections, device: Device,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = new_param((vocab, hidden), device, dtype)
+        self._select = selections.get("elementwise", width=hidden)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return embedding(ids, self.weight, block=self._select(ids.shape[0]).block)
+
+
+class RotaryEmbedding(nn.Module):
+    """One cos/sin table by absolute position, shared by every layer (and by rollout and trainer)."""
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, width: int, selections: KernelSelections) -> None:
+        super().__init__()
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        self._select = selections.get("elementwise", width=width)  # width: q heads x head_dim
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        return apply_rotary(q, k, positions, self.cos, self.sin, block=self._select(q.shape[0]).block)
+
+
+class MLP(nn.Module):
+    """down(silu(gate(x)) * up(x)), gate and up fused into one matmul."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool, selections: KernelSelections,
+                 device: Device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedLinear(hidden, {"gate": intermediate, "up": intermediate}, bias,
+                                         selections, device, dtype)
+        self.down_proj = Linear(intermediate, hidden, bias, selections, device, dtype)
+        self._select = selections.get("elementwise", width=intermediate)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = silu_and_mul(self.gate_up_proj(x), block=self._select(x.shape[0]).block)
+        return self.down_proj(h)
+
+
+class Attention(nn.Module):
+    """Fused q/k/v projection, optional per-head q/k RMSNorm (Qwen3), rotary at absolute positions,
+    the step's keys stored into this layer's paged cache, paged causal attention, o_proj."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int, rotary: RotaryEmbedding, selections: KernelSelections,
+                 device: Device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = d = config.head_dim
+        self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
+        self.scale = d ** -0.5
+        self.qkv_proj = MergedLinear(config.hidden_size, {"q": self.q_size, "k": self.kv_size, "v": self.kv_size},
+                                     config.attention_bias, selections, device, dtype)
+        self.o_proj = Linear(self.q_size, config.hidden_size, config.o_proj_bias, selections, device, dtype)
+        self.q_norm = self.k_norm = None
+        if config.qk_norm:
+            self.q_norm = RMSNorm(d, config.rms_norm_eps, selections, device, dtype, self.num_heads)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps, selections, device, dtype, self.num_kv_heads)
+        self.rotary = rotary
+        self._select = selections.get("attention")
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ctx = get_context()
+        tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(tokens, self.num_heads, self.head_dim)
+        k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(tokens, self.num_heads, self.head_dim)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        k_cache, v_cache = ctx.kv_caches[self.layer_idx]
+        store_kv(k, v, k_cache, v_cache, ctx.slots)
+        s = self._select(ctx.num_seqs, ctx.max_seqlen_q, tokens, ctx.max_seqlen_k)
+        if s.block_m != ctx.meta.block_m:
+            raise RuntimeError(f"the step's AttnMeta was built with block_m={ctx.meta.block_m} but the attention "
+                               f"selection gives {s.block_m}; build it with CausalLM.select_attention")
+        out = paged_attention(q, k_cache, v_cache, ctx.meta, scale=self.scale, block_n=s.block_n,
+                              split_size=s.split_size, num_splits=s.num_splits, num_warps=s.num_warps,
+                              num_stages=s.num_stages)
+        return self.o_proj(out.reshape(tokens, self.q_size))

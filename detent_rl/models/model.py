@@ -1,0 +1,121 @@
+"""The causal LM of the Llama / Qwen2 / Qwen3 families: one copy for the rollout engine and the trainer.
+
+`forward(input_ids, positions)` maps the step's flat tokens [T] to final hidden states [T, hidden];
+attention metadata and the KV caches come from the ForwardContext set around the call. `logits`
+applies the LM head to whichever rows the caller wants (all of them for rescoring, each sequence's
+last for sampling). Module and parameter names follow HF's, so the loader's mapping stays small.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from detent_rl.kernels.rotary import rope_cos_sin
+from detent_rl.kernels.selections import Deployment, KernelSelections
+from detent_rl.models.config import ModelConfig
+from detent_rl.models.context import KVCache
+from detent_rl.models.layers import MLP, Attention, Device, Embedding, Linear, RMSNorm, RotaryEmbedding
+
+
+def deployment_for(config: ModelConfig, dtype: torch.dtype, *, page_size: int = 16, max_context: int = 4096,
+                   max_batch: int = 256, max_num_tokens: int = 8192) -> Deployment:
+    """The selection facts of serving `config` in `dtype` within the given limits."""
+    return Deployment(num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads,
+                      head_dim=config.head_dim, hidden=config.hidden_size, vocab=config.vocab_size,
+                      dtype_bytes=torch.empty((), dtype=dtype).element_size(), page_size=page_size,
+                      max_context=max_context, max_batch=max_batch, max_num_tokens=max_num_tokens)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int, rotary: RotaryEmbedding, selections: KernelSelections,
+                 device: Device, dtype: torch.dtype) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.self_attn = Attention(config, layer_idx, rotary, selections, device, dtype)
+        self.mlp = MLP(hidden, config.intermediate_size, config.mlp_bias, selections, device, dtype)
+        self.input_layernorm = RMSNorm(hidden, eps, selections, device, dtype)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, selections, device, dtype)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: Optional[torch.Tensor]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        # The residual add is fused into the next norm; it rounds to the model dtype as HF's add does.
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, selections: KernelSelections,
+                 device: Device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, selections, device, dtype)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, rotary, selections, device, dtype)
+                                    for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, selections, device, dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class CausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, selections: KernelSelections, device: Device = "cpu",
+                 dtype: torch.dtype = torch.bfloat16, max_positions: Optional[int] = None) -> None:
+        super().__init__()
+        _check_deployment(config, selections.deployment, dtype)
+        self.config, self.selections, self.dtype = config, selections, dtype
+        self.device = torch.device(device)
+        self.max_positions = max_positions or selections.deployment.max_context
+        cos, sin = rope_cos_sin(config.hf_config, self.max_positions, device, dtype)
+        width = config.num_attention_heads * config.head_dim
+        self.rotary = RotaryEmbedding(cos, sin, width, selections)
+        self.model = DecoderModel(config, self.rotary, selections, device, dtype)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, selections, device, dtype)
+        if config.tie_word_embeddings:  # one tensor: a weight update reaches both uses
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self._select_attention = selections.get("attention")
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [T, hidden] of the step's tokens; needs `set_context` around it."""
+        return self.model(input_ids, positions)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[rows, hidden] -> [rows, vocab] in the model dtype."""
+        return self.lm_head(hidden)
+
+    def select_attention(self, num_seqs: int, max_seqlen_q: int, num_tokens: int, max_seqlen_k: int) -> Any:
+        """The step's attention selection; its block_m is what `attn_meta` must tile the queries by."""
+        return self._select_attention(num_seqs, max_seqlen_q, num_tokens, max_seqlen_k)
+
+    @property
+    def page_size(self) -> int:
+        return self.selections.deployment.page_size
+
+    def allocate_kv_cache(self, num_pages: int, page_size: Optional[int] = None) -> list[KVCache]:
+        """Zeroed (k_cache, v_cache) per layer, each [num_pages, page_size, kv_heads, head_dim]."""
+        if page_size is not None and page_size != self.page_size:
+            raise ValueError(f"page_size {page_size} differs from the deployment's {self.page_size}, "
+                             f"which the attention selection was solved for")
+        c = self.config
+        shape = (num_pages, self.page_size, c.num_key_value_heads, c.head_dim)
+        return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                 torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(c.num_hidden_layers)]
+
+
+def _check_deployment(config: ModelConfig, d: Deployment, dtype: torch.dtype) -> None:
+    # The selectors were solved for these facts; another model's would select for the wrong shapes.
+    want = deployment_for(config, dtype)
+    wrong = [f"{k}: deployment {getattr(d, k)} vs model {getattr(want, k)}"
+             for k in ("num_heads", "num_kv_heads", "head_dim", "hidden", "vocab", "dtype_bytes")
+             if getattr(d, k) != getattr(want, k)]
+    if wrong:
+        raise ValueError(f"the kernel selections do not describe this model ({config.source}): {'; '.join(wrong)}")

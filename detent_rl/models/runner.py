@@ -1,0 +1,98 @@
+"""A minimal step runner for tests and tools: builds the ForwardContext of a step and runs the model.
+
+A step is a list of spans, one per sequence: new tokens that follow `cached` tokens already in
+that sequence's pages. Prefill (cached = 0), chunked prefill, decode (one token) and the trainer's
+one-shot prefill are all spans. Pages here are handed out contiguously per sequence; the engine's
+block manager (prefix sharing, eviction) replaces that, not this context building.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from detent_rl.kernels.attention import attn_meta
+from detent_rl.models.context import ForwardContext, KVCache, set_context
+from detent_rl.models.model import CausalLM
+
+
+@dataclass(frozen=True)
+class Span:
+    tokens: list[int]
+    cached: int  # tokens of this sequence already in its pages; the first new one sits at this position
+    pages: list[int]  # the sequence's page ids, covering at least cached + len(tokens) positions
+
+
+def step_inputs(model: CausalLM, caches: list[KVCache], spans: list[Span]
+                ) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
+    """(input_ids [T], positions [T], context) of one step over `spans`, on the model's device."""
+    if not spans or any(not s.tokens for s in spans):
+        raise ValueError("a step needs at least one span, and every span at least one token")
+    page, device = model.page_size, model.device
+    ids, slots = [], []
+    for i, s in enumerate(spans):
+        end = s.cached + len(s.tokens)
+        if end > len(s.pages) * page:
+            raise ValueError(f"span {i}: {end} positions do not fit its {len(s.pages)} pages of {page}")
+        if end > model.max_positions:
+            raise ValueError(f"span {i}: position {end - 1} is past the rope table ({model.max_positions})")
+        ids.extend(s.tokens)
+        slots.extend(s.pages[p // page] * page + p % page for p in range(s.cached, end))
+    table = torch.zeros(len(spans), max(len(s.pages) for s in spans), dtype=torch.int32)
+    for i, s in enumerate(spans):
+        table[i, :len(s.pages)] = torch.tensor(s.pages, dtype=torch.int32)
+    q_lens, cached = [len(s.tokens) for s in spans], [s.cached for s in spans]
+    max_k = max(c + n for c, n in zip(cached, q_lens))
+    sel = model.select_attention(len(spans), max(q_lens), len(ids), max_k)
+    meta = attn_meta(q_lens, cached, table.to(device), sel.block_m)
+    ctx = ForwardContext(meta=meta, slots=torch.tensor(slots, dtype=torch.int64, device=device), kv_caches=caches,
+                         num_seqs=len(spans), max_seqlen_q=max(q_lens), max_seqlen_k=max_k)
+    return torch.tensor(ids, dtype=torch.int64, device=device), meta.token_pos, ctx
+
+
+@torch.inference_mode()
+def run_step(model: CausalLM, caches: list[KVCache], spans: list[Span]) -> list[torch.Tensor]:
+    """Logits [len(tokens), vocab] of every span, after writing the spans' keys into the caches."""
+    input_ids, positions, ctx = step_inputs(model, caches, spans)
+    with set_context(ctx):
+        hidden = model(input_ids, positions)
+    return list(model.logits(hidden).split([len(s.tokens) for s in spans]))
+
+
+def prefill_batch(model: CausalLM, caches: list[KVCache], sequences: list[list[int]]) -> list[torch.Tensor]:
+    """One prefill step of whole sequences, sequence i in the next contiguous pages after i - 1's."""
+    spans, at = [], 0
+    for tokens in sequences:
+        n = -(-len(tokens) // model.page_size)
+        spans.append(Span(list(tokens), 0, list(range(at, at + n))))
+        at += n
+    if at > caches[0][0].shape[0]:
+        raise ValueError(f"{len(sequences)} sequences need {at} pages; the cache has {caches[0][0].shape[0]}")
+    return run_step(model, caches, spans)
+
+
+class SequenceRunner:
+    """Sequences by slot id, each owning a fixed contiguous run of pages, extended step by step."""
+
+    def __init__(self, model: CausalLM, max_seqs: int, max_len: int) -> None:
+        self.model = model
+        self.pages_per_seq = -(-max_len // model.page_size)
+        self.caches = model.allocate_kv_cache(max_seqs * self.pages_per_seq)
+        self.max_seqs = max_seqs
+        self.lengths = [0] * max_seqs
+
+    def step(self, work: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
+        """Append tokens to sequences `(slot, tokens)` in one step; logits of each span's tokens."""
+        spans = []
+        for slot, tokens in work:
+            if not 0 <= slot < self.max_seqs:
+                raise ValueError(f"sequence slot {slot} is outside [0, {self.max_seqs})")
+            first = slot * self.pages_per_seq
+            spans.append(Span(list(tokens), self.lengths[slot], list(range(first, first + self.pages_per_seq))))
+        out = run_step(self.model, self.caches, spans)
+        for slot, tokens in work:
+            self.lengths[slot] += len(tokens)
+        return out
+
+    def release(self, slot: int) -> None:
+        self.lengths[slot] = 0  # its pages are simply overwritten by the next sequence in the slot
