@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from detent_rl.kernels.matmul import linear
+from detent_rl.kernels.matmul import linear, tile_params
 from detent_rl.kernels.selection.matmul import matmul as matmul_program
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import solve
@@ -44,20 +44,13 @@ def main() -> None:
                   f"| {best[0] / cublas:.2f}x ({best[1]}) |")
 
 
-def _kw(cfg) -> dict:
-    d = cfg._asdict()
-    return dict(block_m=d["tile_block_m"], block_n=d["tile_block_n"], block_k=d["tile_block_k"],
-                group_m=d["tile_group_m"], num_warps=d["tile_num_warps"], num_stages=d["tile_num_stages"],
-                split_k=d["tile_split_k"])
-
-
 def _tile(cfg) -> str:
-    kw = _kw(cfg)
+    kw = tile_params(cfg)
     return f"{kw['block_m']},{kw['block_n']},{kw['block_k']},{kw['split_k']}"
 
 
 def _time(x, w, cfg) -> float:
-    kw = _kw(cfg)
+    kw = tile_params(cfg)
     return triton.testing.do_bench_cudagraph(lambda: linear(x, w, **kw), rep=100)
 
 

@@ -8,6 +8,8 @@ stock selection's split-K for small M is exactly what makes its bits follow the 
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from detent_rl.kernels._triton import interpreting, tl, triton
@@ -135,6 +137,14 @@ def _linear_cpu(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, blo
             acc = acc.to(x.dtype)
         tiles.append(acc)
     return torch.cat(tiles)[:M]
+
+
+def tile_params(selection: Any) -> dict:
+    """The `linear` keyword arguments of a matmul selection (`selection/matmul.py`'s tile)."""
+    return {"block_m": selection.tile_block_m, "block_n": selection.tile_block_n,
+            "block_k": selection.tile_block_k, "group_m": selection.tile_group_m,
+            "num_warps": selection.tile_num_warps, "num_stages": selection.tile_num_stages,
+            "split_k": selection.tile_split_k}
 
 
 def linear_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from detent_rl.kernels.matmul import linear, linear_ref
+from detent_rl.kernels.matmul import linear, linear_ref, tile_params
 from detent_rl.kernels.selection.matmul import matmul as matmul_program
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import solve
@@ -26,9 +26,7 @@ def _selectors(n: int, k: int):
 
 
 def _run(x, w, b, cfg):
-    d = cfg._asdict()
-    return linear(x, w, b, block_m=d["tile_block_m"], block_n=d["tile_block_n"], block_k=d["tile_block_k"],
-                  group_m=d["tile_group_m"], split_k=d["tile_split_k"])
+    return linear(x, w, b, **tile_params(cfg))
 
 
 def _weights(n, k, bias, dtype, seed=0):
@@ -91,7 +89,7 @@ def test_triton_kernel_under_the_interpreter():
     # (it proves nothing about GPU bits; the GPU tests do that)
     code = r'''
 import torch
-from detent_rl.kernels.matmul import linear, linear_ref
+from detent_rl.kernels.matmul import linear, linear_ref, tile_params
 torch.manual_seed(0)
 bad = []
 for dtype in (torch.float32, torch.bfloat16):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from detent_rl.kernels.matmul import linear, linear_ref
+from detent_rl.kernels.matmul import linear, linear_ref, tile_params
 from detent_rl.kernels.selection.matmul import matmul as matmul_program
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import solve
@@ -22,10 +22,7 @@ def _sel(n: int, k: int):
 
 
 def _run(x, w, b, cfg):
-    d = cfg._asdict()
-    return linear(x, w, b, block_m=d["tile_block_m"], block_n=d["tile_block_n"], block_k=d["tile_block_k"],
-                  group_m=d["tile_group_m"], num_warps=d["tile_num_warps"], num_stages=d["tile_num_stages"],
-                  split_k=d["tile_split_k"])
+    return linear(x, w, b, **tile_params(cfg))
 
 
 def _data(n, k, bias, dtype, rows=2048):

@@ -15,7 +15,7 @@ from torch import nn
 
 from detent_rl.kernels.attention import paged_attention, store_kv
 from detent_rl.kernels.embedding import embedding
-from detent_rl.kernels.matmul import linear
+from detent_rl.kernels.matmul import linear, tile_params
 from detent_rl.kernels.rmsnorm import rmsnorm
 from detent_rl.kernels.rotary import apply_rotary
 from detent_rl.kernels.selections import KernelSelections
@@ -54,10 +54,8 @@ class Linear(nn.Module):
         self._select = selections.get("matmul", n=out_features, k=in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        t = self._select(x.shape[0])  # pad_m only moves the selection's bucket; the kernel needs no padding
-        return linear(x, self.weight, self.bias, block_m=t.tile_block_m, block_n=t.tile_block_n,
-                      block_k=t.tile_block_k, group_m=t.tile_group_m, num_warps=t.tile_num_warps,
-                      num_stages=t.tile_num_stages, split_k=t.tile_split_k)
+        # pad_m only moves the selection's bucket; the kernel needs no padding
+        return linear(x, self.weight, self.bias, **tile_params(self._select(x.shape[0])))
 
 
 class MergedLinear(Linear):
