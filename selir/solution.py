@@ -62,17 +62,14 @@ class Solution:
 
     def check_legal(self, pins: dict, knobs: dict) -> None:
         a = self.assignment(pins, knobs)
-        why = why_illegal(self.groups, a)
-        if why is None and self.is_candidate(a):
-            return
-        if why is None:
+        found = self.witness(pins, knobs)
+        if found is not None:
+            cond, point = found
+            raise SelectionError(f"selection {self.program_name}: assignment {dict(zip(self.axes, a))} is "
+                                 f"illegal: {cond.describe()} fails at inputs {point}")
+        if not self.is_candidate(a):
             raise SelectionError(f"selection {self.program_name}: {dict(zip(self.axes, a))} is not "
                                  f"among the candidates {self.candidates}")
-        cond, point = why
-        names = self.stats.get("point_names", ())
-        raise SelectionError(f"selection {self.program_name}: assignment {dict(zip(self.axes, a))} is "
-                             f"illegal: {self.conditions[cond].describe()} fails at inputs "
-                             f"{dict(zip(names, point))}")
 
     def witness(self, pins: dict, knobs: dict) -> Optional[tuple[Any, dict]]:
         """(condition, input point) showing why an assignment is illegal; None if it is legal."""
