@@ -1,0 +1,114 @@
+"""Paged KV-cache blocks with prefix hashing (full blocks only), reference counted.
+
+A cached block's keys were written by whichever request prefilled it first; with batch-invariant
+kernels those are the bits this request would have computed, so a prefix hit changes nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from dataclasses import dataclass, field
+
+from detent_rl.rollout.sequence import Sequence
+
+
+def block_hash(tokens: list[int], prefix: bytes) -> bytes:
+    """The hash of a full block: its tokens chained to the hash of every block before it."""
+    h = hashlib.blake2b(prefix, digest_size=16)
+    h.update(b"".join(t.to_bytes(4, "little", signed=False) for t in tokens))
+    return h.digest()
+
+
+@dataclass
+class Block:
+    id: int
+    ref_count: int = 0
+    hash: bytes | None = None
+    tokens: list[int] = field(default_factory=list)
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need at least one block of at least one token, got {num_blocks} x {block_size}")
+        self.block_size = block_size
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free: deque[int] = deque(range(num_blocks))
+        self.by_hash: dict[bytes, int] = {}
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def _take(self, block_id: int | None = None) -> Block:
+        block = self.blocks[self.free.popleft() if block_id is None else block_id]
+        if block_id is not None:
+            self.free.remove(block_id)
+        if block.hash is not None and self.by_hash.get(block.hash) == block.id:
+            del self.by_hash[block.hash]  # its old contents are about to be overwritten
+        block.ref_count, block.hash, block.tokens = 1, None, []
+        return block
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        return self.num_free >= seq.num_blocks
+
+    def allocate(self, seq: Sequence) -> None:
+        """Give the sequence pages for its tokens, reusing cached full blocks of its prefix."""
+        if seq.block_table:
+            raise RuntimeError(f"sequence {seq.seq_id} already holds blocks")
+        if not self.can_allocate(seq):
+            raise RuntimeError(f"{seq.num_blocks} blocks needed, {self.num_free} free")
+        prefix, hit = b"", True
+        for i in range(seq.num_blocks):
+            tokens = seq.block_tokens(i)
+            full = len(tokens) == self.block_size
+            h = block_hash(tokens, prefix) if full else None
+            cached = self.by_hash.get(h) if h is not None and hit else None
+            if cached is not None and self.blocks[cached].tokens == tokens:
+                block = self.blocks[cached]
+                if block.ref_count == 0:
+                    self.free.remove(block.id)
+                block.ref_count += 1
+                seq.num_cached += self.block_size
+            else:
+                hit = False  # after the first miss the rest of the prompt is new
+                block = self._take()
+                if h is not None:
+                    block.hash, block.tokens = h, list(tokens)
+                    self.by_hash[h] = block.id
+            prefix = h or prefix
+            seq.block_table.append(block.id)
+        # at least the last prompt token is recomputed: its logits start the decode
+        seq.num_cached = min(seq.num_cached, seq.num_prompt - 1)
+        seq.num_computed = seq.num_cached
+
+    def deallocate(self, seq: Sequence) -> None:
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free.append(block_id)  # keeps its hash until reused: a later prefix may hit
+        seq.block_table.clear()
+        seq.num_cached = seq.num_computed = 0
+
+    def can_append(self, seq: Sequence) -> bool:
+        """Whether the newest token (position len-1) has a slot, or a free block can give it one."""
+        return (len(seq) - 1) // self.block_size < len(seq.block_table) or self.num_free >= 1
+
+    def may_append(self, seq: Sequence) -> None:
+        """Give the newest token a slot; a block it leaves behind full is hashed for reuse."""
+        if (len(seq) - 1) // self.block_size < len(seq.block_table):
+            return
+        last = self.blocks[seq.block_table[-1]]
+        if last.hash is None:  # filled during decode: every one of its keys is computed now
+            i = len(seq.block_table) - 1
+            prev = self.blocks[seq.block_table[i - 1]].hash if i > 0 else b""
+            last.hash, last.tokens = block_hash(seq.block_tokens(i), prev or b""), seq.block_tokens(i)
+            self.by_hash.setdefault(last.hash, last.id)
+        if not self.free:
+            raise RuntimeError(f"no free block for sequence {seq.seq_id}")
+        seq.block_table.append(self._take().id)
+
+    def slot(self, seq: Sequence, position: int) -> int:
+        """The flat cache slot (page * block_size + offset) of a token position."""
+        return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size

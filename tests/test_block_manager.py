@@ -1,0 +1,88 @@
+"""Paged blocks: reference counts, prefix hits on full blocks only, reuse after free, decode growth."""
+from __future__ import annotations
+
+import pytest
+
+from detent_rl.rollout.block_manager import BlockManager
+from detent_rl.rollout.sequence import SamplingParams, Sequence
+
+P = SamplingParams(seed=1, max_tokens=8)
+
+
+def seq(tokens: list[int], block_size: int = 4) -> Sequence:
+    return Sequence(list(tokens), P, block_size)
+
+
+def test_allocate_and_free_restore_every_block():
+    bm = BlockManager(8, 4)
+    a = seq(range(10))
+    bm.allocate(a)
+    assert len(a.block_table) == 3 and bm.num_free == 5 and a.num_cached == 0
+    assert bm.slot(a, 9) == a.block_table[2] * 4 + 1
+    bm.deallocate(a)
+    assert bm.num_free == 8 and a.block_table == []
+
+
+def test_shared_prefix_hits_full_blocks_only():
+    bm = BlockManager(16, 4)
+    a, b = seq([1, 2, 3, 4, 5, 6, 7, 8, 9]), seq([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11])
+    bm.allocate(a)
+    bm.allocate(b)
+    assert b.block_table[:2] == a.block_table[:2] and b.block_table[2] != a.block_table[2]
+    assert b.num_cached == 8 and b.num_computed == 8
+    assert bm.blocks[a.block_table[0]].ref_count == 2
+    c = seq([1, 2, 3, 99, 5, 6, 7, 8])  # differs in the first block: no hit anywhere after it
+    bm.allocate(c)
+    assert c.num_cached == 0 and not set(c.block_table) & set(a.block_table)
+
+
+def test_a_whole_cached_prompt_still_recomputes_its_last_token():
+    bm = BlockManager(8, 4)
+    a, b = seq(range(8)), seq(range(8))
+    bm.allocate(a)
+    bm.allocate(b)
+    assert b.block_table == a.block_table and b.num_cached == 7
+
+
+def test_freed_blocks_keep_their_hash_until_reused():
+    bm = BlockManager(4, 4)
+    a = seq(range(8))
+    bm.allocate(a)
+    bm.deallocate(a)
+    b = seq(range(8))
+    bm.allocate(b)
+    assert b.num_cached == 7 and bm.num_free == 2
+    bm.deallocate(b)
+    c = seq(range(100, 116))  # needs all four blocks: the old hashes are overwritten
+    bm.allocate(c)
+    d = seq(range(8))
+    assert not bm.can_allocate(d)
+    bm.deallocate(c)
+    bm.allocate(d)
+    assert d.num_cached == 0
+
+
+def test_decode_opens_blocks_and_hashes_filled_ones():
+    bm = BlockManager(8, 4)
+    a = seq([1, 2, 3])
+    bm.allocate(a)
+    for t in (4, 5, 6):
+        a.append(t, 0.0)
+        assert bm.can_append(a)
+        bm.may_append(a)
+    assert len(a.block_table) == 2  # positions 0..5
+    b = seq([1, 2, 3, 4, 5])
+    bm.allocate(b)
+    assert b.block_table[0] == a.block_table[0] and b.num_cached == 4  # the block decode filled
+
+
+def test_errors_are_clear():
+    bm = BlockManager(2, 4)
+    with pytest.raises(RuntimeError, match="3 blocks needed, 2 free"):
+        bm.allocate(seq(range(12)))
+    with pytest.raises(ValueError, match="integer seed"):
+        SamplingParams(seed=None)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(seed=1, top_p=0.0)
+    with pytest.raises(ValueError, match="at least one prompt token"):
+        Sequence([], P, 4)
