@@ -1,0 +1,106 @@
+"""Continuous batching with chunked prefill under a per-step token budget.
+
+Each step decodes every running sequence whose prompt is done (one token each), continues
+unfinished prefills in chunks, and admits waiting requests while tokens, sequence slots and
+blocks last. A request that cannot get a block for its next token is preempted: its blocks are
+freed and it is prefilled again later — with batch-invariant kernels the recomputed keys are the
+same bits, so preemption never changes a request's output.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from detent_rl.rollout.block_manager import BlockManager
+from detent_rl.rollout.sequence import Sequence, Status
+
+
+@dataclass(frozen=True)
+class Span:
+    """`count` tokens of `seq` starting at absolute position `start`, computed in one step."""
+    seq: Sequence
+    start: int
+    count: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether this span ends at the sequence's newest token (its logits pick the next one)."""
+        return self.start + self.count == len(self.seq)
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_tokens: int, chunk_size: int) -> None:
+        if max_num_seqs < 1 or max_num_tokens < 1 or chunk_size < 1:
+            raise ValueError("max_num_seqs, max_num_tokens and chunk_size must be positive")
+        self.blocks = blocks
+        self.max_num_seqs, self.max_num_tokens, self.chunk_size = max_num_seqs, max_num_tokens, chunk_size
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        if seq.num_blocks > len(self.blocks.blocks):
+            raise ValueError(f"request of {len(seq)} tokens needs {seq.num_blocks} blocks; the cache has "
+                             f"{len(self.blocks.blocks)}")
+        self.waiting.append(seq)
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def schedule(self) -> list[Span]:
+        spans: list[Span] = []
+        budget = self.max_num_tokens
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.num_computed < len(seq) - 1:  # an unfinished prefill: the next chunk
+                n = min(self.chunk_size, len(seq) - seq.num_computed, budget)
+                spans.append(Span(seq, seq.num_computed, n))
+                budget -= n
+                continue
+            while not self.blocks.can_append(seq):  # free a block by preempting the newest request
+                victim = self.running[-1]
+                self._preempt(victim)
+                spans = [s for s in spans if s.seq is not victim]
+                if victim is seq:
+                    break
+            if seq.status is Status.RUNNING:
+                self.blocks.may_append(seq)
+                spans.append(Span(seq, len(seq) - 1, 1))
+                budget -= 1
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not self.blocks.can_allocate(seq):
+                break
+            self.waiting.popleft()
+            self.blocks.allocate(seq)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            n = min(self.chunk_size, len(seq) - seq.num_computed, budget)
+            spans.append(Span(seq, seq.num_computed, n))
+            budget -= n
+        return spans
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.deallocate(seq)
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+
+    def postprocess(self, spans: list[Span], tokens: dict[int, tuple[int, float]]) -> list[Sequence]:
+        """Record the computed spans and the sampled (token, logprob) of sampling spans by seq_id;
+        returns the sequences that finished."""
+        done = []
+        for span in spans:
+            seq = span.seq
+            seq.num_computed = span.start + span.count
+            if not span.samples:
+                continue
+            token, logprob = tokens[seq.seq_id]
+            seq.append(token, logprob)
+            if seq.finished:
+                seq.status = Status.FINISHED
+                self.running.remove(seq)
+                self.blocks.deallocate(seq)
+                done.append(seq)
+        return done
