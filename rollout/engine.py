@@ -1,0 +1,90 @@
+"""The embedded rollout engine: continuous batching over the paged cache, seeded sampling, rescore.
+
+`generate` runs requests to completion; each sampled token's logprob is the fp32
+log_softmax(logits / T) at that token (T = 1 for greedy), computed by the same kernels and
+selections as `rescore`, which recomputes a finished sequence the trainer's way — one prefill of
+prompt + completion — and returns the completion's logprobs. With the pinned (detent) selections
+the two are equal bit for bit; with the stock arm they are not.
+"""
+from __future__ import annotations
+
+import torch
+
+from detent_rl.kernels.log_softmax import token_logprobs
+from detent_rl.kernels.sampling import sample
+from detent_rl.models.context import set_context
+from detent_rl.models.model import CausalLM
+from detent_rl.models.runner import Span as StepSpan
+from detent_rl.models.runner import step_inputs
+from detent_rl.rollout.block_manager import BlockManager
+from detent_rl.rollout.scheduler import Scheduler, Span
+from detent_rl.rollout.sequence import SamplingParams, Sequence
+
+
+class Engine:
+    def __init__(self, model: CausalLM, *, num_blocks: int, max_num_seqs: int = 64,
+                 max_num_tokens: int | None = None, chunk_size: int = 256) -> None:
+        limit = model.selections.deployment.max_num_tokens
+        max_num_tokens = max_num_tokens or limit
+        if max_num_tokens > limit:
+            raise ValueError(f"max_num_tokens {max_num_tokens} exceeds the deployment's {limit}")
+        self.model = model
+        self.blocks = BlockManager(num_blocks, model.page_size)
+        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_tokens, chunk_size)
+        self.caches = model.allocate_kv_cache(num_blocks)
+        self._select_logprobs = model.selections.get("log_softmax")
+
+    def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Sequence]:
+        if len(prompts) != len(params):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        seqs = [Sequence(list(p), sp, self.model.page_size) for p, sp in zip(prompts, params)]
+        for s in seqs:
+            self.scheduler.add(s)
+        while not self.scheduler.idle:
+            spans = self.scheduler.schedule()
+            if not spans:
+                raise RuntimeError("the scheduler made no progress (cache too small for the waiting request?)")
+            self.scheduler.postprocess(spans, self._step(spans))
+        return seqs
+
+    @torch.inference_mode()
+    def _step(self, spans: list[Span]) -> dict[int, tuple[int, float]]:
+        step = [StepSpan(s.seq.tokens[s.start:s.start + s.count], s.start, s.seq.block_table) for s in spans]
+        input_ids, positions, ctx = step_inputs(self.model, self.caches, step)
+        with set_context(ctx):
+            hidden = self.model(input_ids, positions)
+        ends, at = [], 0
+        for s in spans:
+            at += s.count
+            if s.samples:
+                ends.append(at - 1)
+        sampling = [s for s in spans if s.samples]
+        if not sampling:
+            return {}
+        logits = self.model.logits(hidden[ends])
+        dev = logits.device
+        p = [s.seq.params for s in sampling]
+        cfg = self._select_logprobs(len(sampling))
+        tokens, logprobs = sample(
+            logits, torch.tensor([x.seed for x in p], dtype=torch.int64, device=dev),
+            torch.tensor([len(s.seq) for s in sampling], dtype=torch.int64, device=dev),
+            temperature=torch.tensor([x.temperature for x in p], dtype=torch.float32, device=dev),
+            top_k=torch.tensor([x.top_k for x in p], dtype=torch.int64, device=dev),
+            top_p=torch.tensor([x.top_p for x in p], dtype=torch.float32, device=dev),
+            block=cfg.block, num_warps=cfg.num_warps)
+        return {s.seq.seq_id: (t, lp) for s, t, lp in zip(sampling, tokens.tolist(), logprobs.tolist())}
+
+    @torch.inference_mode()
+    def rescore(self, seq: Sequence) -> list[float]:
+        """The trainer's computation: one prefill of prompt + completion in scratch pages."""
+        tokens, n = seq.tokens, len(seq.completion)
+        pages = -(-len(tokens) // self.model.page_size)
+        caches = self.model.allocate_kv_cache(pages)
+        input_ids, positions, ctx = step_inputs(self.model, caches, [StepSpan(list(tokens), 0, list(range(pages)))])
+        with set_context(ctx):
+            hidden = self.model(input_ids, positions)
+        logits = self.model.logits(hidden[seq.num_prompt - 1:len(tokens) - 1])
+        cfg = self._select_logprobs(n)
+        t = seq.params.temperature or 1.0
+        ids = torch.tensor(seq.completion, dtype=torch.int64, device=logits.device)
+        return token_logprobs(logits, ids, block=cfg.block, num_warps=cfg.num_warps, temperature=t).tolist()

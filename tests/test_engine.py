@@ -1,0 +1,61 @@
+"""The engine: a request's tokens and logprobs do not depend on its batch, and rescore (the
+trainer's one-shot prefill) equals the rollout's logprobs bit for bit; the stock arm does not."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from detent_rl.models import load_model
+from detent_rl.rollout.engine import Engine
+from detent_rl.rollout.sequence import SamplingParams
+from test_models import LIMITS, VOCAB, hf_model, save
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _requests(n: int, seed: int):
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(3, 40))] for _ in range(n)]
+    params = [SamplingParams(seed=1000 + i, temperature=rng.choice([0.0, 0.7, 1.0]), top_k=rng.choice([0, 20]),
+                             top_p=rng.choice([1.0, 0.9]), max_tokens=rng.randint(3, 12)) for i in range(n)]
+    return prompts, params
+
+
+def _failures(model, target: int = 0) -> list[str]:
+    prompts, params = _requests(6, seed=1)
+    bad = []
+    alone = Engine(model, num_blocks=64, chunk_size=64).generate([prompts[target]], [params[target]])[0]
+    for label, engine, order in (
+            ("batch of 6", Engine(model, num_blocks=64, chunk_size=64), [0, 1, 2, 3, 4, 5]),
+            ("other order, chunks of 5", Engine(model, num_blocks=64, chunk_size=5), [3, 5, 0, 1, 4, 2]),
+            ("budget of 8 tokens", Engine(model, num_blocks=64, max_num_tokens=8, chunk_size=8), [2, 0, 4])):
+        seqs = engine.generate([prompts[i] for i in order], [params[i] for i in order])
+        got = seqs[order.index(target)]
+        if got.completion != alone.completion:
+            bad.append(f"{label}: tokens {got.completion} vs alone {alone.completion}")
+        elif got.logprobs != alone.logprobs:
+            bad.append(f"{label}: logprobs differ from the request alone")
+    rescored = Engine(model, num_blocks=64).rescore(alone)
+    if rescored != alone.logprobs:
+        diffs = [i for i, (a, b) in enumerate(zip(rescored, alone.logprobs)) if a != b]
+        bad.append(f"rescore differs from the rollout at completion positions {diffs}")
+    return bad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_rollout_is_batch_invariant_and_rescore_matches(tmp_path, dtype):
+    model = load_model(save(hf_model("qwen2"), tmp_path), "detent", dtype=dtype, **LIMITS)
+    assert _failures(model) == []
+
+
+def test_stock_arm_fails_the_same_checks(tmp_path):
+    model = load_model(save(hf_model("qwen2"), tmp_path), "stock", dtype=torch.float32, **LIMITS)
+    assert _failures(model), "negative control: stock selection must change a request's bits"
