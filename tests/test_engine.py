@@ -59,3 +59,16 @@ def test_rollout_is_batch_invariant_and_rescore_matches(tmp_path, dtype):
 def test_stock_arm_fails_the_same_checks(tmp_path):
     model = load_model(save(hf_model("qwen2"), tmp_path), "stock", dtype=torch.float32, **LIMITS)
     assert _failures(model), "negative control: stock selection must change a request's bits"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gpu_rollout_is_batch_invariant_and_rescore_matches(tmp_path, dtype):
+    model = load_model(save(hf_model("qwen2"), tmp_path), "detent", device="cuda", dtype=dtype, **LIMITS)
+    assert _failures(model) == []
+
+
+@pytest.mark.gpu
+def test_gpu_stock_arm_fails_the_same_checks(tmp_path):
+    model = load_model(save(hf_model("qwen2"), tmp_path), "stock", device="cuda", dtype=torch.float32, **LIMITS)
+    assert _failures(model), "negative control: stock selection must change a request's bits"
