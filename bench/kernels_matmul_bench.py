@@ -16,12 +16,14 @@ import triton
 
 from detent_rl.kernels.matmul import linear, tile_params
 from detent_rl.kernels.selection.matmul import matmul as matmul_program
+from detent_rl.kernels.selections import Deployment
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import solve
 
 SHAPES = {"qkv 896->1152": (1152, 896), "gate_up 896->9728": (9728, 896), "down 4864->896": (896, 4864),
           "lm_head 896->151936": (151936, 896)}
 ROWS = (1, 8, 32, 128, 512, 2048)
+QWEN2_05B = Deployment(num_heads=14, num_kv_heads=2, head_dim=64, hidden=896, vocab=151936)
 
 
 def main() -> None:
@@ -29,8 +31,7 @@ def main() -> None:
     print("| shape | M | cuBLAS us | stock | detent default | detent best (tile m,n,k,split) |")
     print("|---|---|---|---|---|---|")
     for label, (n, k) in SHAPES.items():
-        facts = {"n": n, "k": k, "max_m": 8192, "smem_bytes": 227 * 1024, "dtype_bytes": 2}
-        sol = solve(matmul_program, facts, cache=JITCache(enabled=False))
+        sol = solve(matmul_program, QWEN2_05B.facts("matmul", {"n": n, "k": k}), cache=JITCache(enabled=False))
         stock, default = sol.stock(), sol.commit()
         tuples = [sol.commit(*sol.split(a)) for a in sol.legal if dict(zip(sol.axes, a))["pad_m"] == 1]
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)

@@ -14,8 +14,6 @@ from detent_rl.selir.errors import SelIRError
 from detent_rl.selir.graph import Builder, Node
 from detent_rl.selir.values import shape, zip_leaves
 
-MAX_INLINE_DEPTH = 32
-
 
 class Evaluator:
     def __init__(self, builder: Builder, knob_values: Optional[dict], concrete: bool) -> None:

@@ -32,16 +32,16 @@ _NAMES = {
 }
 
 
-def is_static(value: Any) -> bool:
+def is_capturable(value: Any) -> bool:
     """Values a program may capture from its module: immutable data, tables and records."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return True
     if isinstance(value, tuple):
-        return all(is_static(v) for v in value)
+        return all(is_capturable(v) for v in value)
     if isinstance(value, dict):
-        return all(is_static(k) and is_static(v) for k, v in value.items())
+        return all(is_capturable(k) and is_capturable(v) for k, v in value.items())
     if lang.is_record(value):
-        return all(is_static(getattr(value, f)) for f in value.__dataclass_fields__)
+        return all(is_capturable(getattr(value, f)) for f in value.__dataclass_fields__)
     return False
 
 
@@ -221,7 +221,7 @@ class Parser:
             raise self.fail(node, f"name '{node.id}' is not defined (tables, records and helper "
                                   "selections must be defined before the program that uses them)")
         value = self.scope[node.id]
-        if not is_static(value):
+        if not is_capturable(value):
             raise self.fail(node, f"global '{node.id}' ({type(value).__name__}) is not a static "
                                   "table or constant; programs may only read immutable data")
         return S.Global(ln, node.id, freeze(value))

@@ -36,7 +36,6 @@ class Selector:
         self.source = self._generate()
         self._namespace = self._load()
         self._select = self._namespace["select"]
-        self.checked = self._namespace["_MEMO"]  # input combinations already checked
 
     @property
     def checks_run(self) -> int:

@@ -11,6 +11,7 @@ import torch
 
 from detent_rl.kernels.matmul import linear, linear_ref, tile_params
 from detent_rl.kernels.selection.matmul import matmul as matmul_program
+from detent_rl.kernels.selections import Deployment
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import solve
 
@@ -19,9 +20,13 @@ SHAPES = [(1152, 896, True), (896, 4864, False)]
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
 
+# the matmul facts of a Qwen2-0.5B-class deployment on an H200 (8,192 rows per step, bf16)
+QWEN2_05B = Deployment(num_heads=14, num_kv_heads=2, head_dim=64, hidden=896, vocab=151936)
+
+
 def _selectors(n: int, k: int):
-    facts = {"n": n, "k": k, "max_m": 8192, "smem_bytes": 227 * 1024, "dtype_bytes": 2}
-    sol = solve(matmul_program, facts, cache=JITCache(enabled=False))
+    """(stock, detent) selectors of the matmul site (n, k)."""
+    sol = solve(matmul_program, QWEN2_05B.facts("matmul", {"n": n, "k": k}), cache=JITCache(enabled=False))
     return sol.stock(), sol.commit()
 
 

@@ -5,24 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from detent_rl.kernels.matmul import linear, linear_ref, tile_params
-from detent_rl.kernels.selection.matmul import matmul as matmul_program
-from detent_rl.selir.cache import JITCache
-from detent_rl.selir.solver import solve
+from detent_rl.kernels.matmul import linear, linear_ref
+from test_kernels_matmul import _run, _selectors
 
 pytestmark = pytest.mark.gpu
 
 SHAPES = [(1152, 896, True), (9728, 896, False), (896, 4864, False), (151936, 896, False)]
 
-
-def _sel(n: int, k: int):
-    facts = {"n": n, "k": k, "max_m": 8192, "smem_bytes": 227 * 1024, "dtype_bytes": 2}
-    sol = solve(matmul_program, facts, cache=JITCache(enabled=False))
-    return sol.stock(), sol.commit()
-
-
-def _run(x, w, b, cfg):
-    return linear(x, w, b, **tile_params(cfg))
 
 
 def _data(n, k, bias, dtype, rows=2048):
@@ -54,7 +43,7 @@ def test_linear_gpu_reference_and_invariance(dtype, n, k, bias):
     if dtype == torch.float32 and n > 20000:
         pytest.skip("fp32 lm_head covered by bf16")
     x, w, b = _data(n, k, bias, dtype)
-    stock, detent = _sel(n, k)
+    stock, detent = _selectors(n, k)
     out = _run(x[:64], w, b, detent(64))
     ref = linear_ref(x[:64], w, b)
     rel = ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1)).item()
