@@ -1,5 +1,11 @@
 """The compiled selectors of one deployment in one arm, and the commitment tuple that pins them.
 
+Three arms. `stock`: the selection programs unpinned, reading the batch as engines ship them.
+`detent`: pinned by the solver to the commitment tuple (the solver's default tuple where the file
+has no entry yet). `det`: one conservative configuration per op, the way the engines' deterministic
+modes work — no split anywhere (attention reduces a row's keys in one split, matmul never splits
+K), one matmul tile for every M, one row block — chosen here without looking at the workload.
+
 Every kernel call site asks `KernelSelections.get(family, **site)` for its selector once (a matmul
 site names its n and k) and calls it with the batch's values on every launch. The engine and the
 trainer build this object from the same deployment and the same commitment-tuple file, so both
@@ -18,9 +24,10 @@ from detent_rl.kernels.selection import attention, matmul, rows
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.errors import SelIRError
 from detent_rl.selir.selector import Selector
+from detent_rl.selir.solution import Solution
 from detent_rl.selir.solver import solve
 
-ARMS = ("stock", "detent")
+ARMS = ("stock", "det", "detent")
 FAMILIES = {"matmul": matmul.matmul, "attention": attention.attention, "rmsnorm": rows.rmsnorm,
             "log_softmax": rows.log_softmax, "elementwise": rows.elementwise}
 # Selection facts of an H200 (132 SMs, 227 KiB shared memory per block); also what the CPU path
@@ -98,6 +105,25 @@ class CommitmentTuple:
         os.replace(tmp, p)
 
 
+def det_assignment(family: str, facts: dict, sol: Solution) -> tuple[dict, dict]:
+    """The det arm's (pins, knobs) of one family: its conservative configuration, no split."""
+    if family == "matmul":  # the largest tile that fits, for every M; split-K never
+        for bucket in sorted(matmul.GEMM_TILES, reverse=True):
+            if matmul.GEMM_TILES[bucket].split_k == 1 and sol.witness({"bucket": bucket}, {"pad_m": 1}) is None:
+                return {"bucket": bucket}, {"pad_m": 1}
+        raise SelIRError(f"matmul {facts}: no tile without split-K fits")
+    if family == "attention":  # causal tiles for prefill and decode alike; one split covers the context
+        block_n = attention.triton_tile.fn(True)[1]
+        span = -(-facts["max_context"] // block_n) * block_n
+        pins = {"is_decode": False, "num_splits": 1, "split_size": span}  # the cut may derive some of these
+        return {k: v for k, v in pins.items() if k in sol.pin_nodes}, {"split_stride": 0}
+    if family == "rmsnorm" and rows.pow2_at_least.fn(facts["hidden"]) > 256:
+        return {"block": 256}, {}  # the large-batch block for every batch
+    if family == "log_softmax":  # likewise
+        return {"block": 1024}, {}
+    return {}, {}  # a selection with no pin reads no batch value
+
+
 class KernelSelections:
     """Compiled selectors for every call site of one deployment, in the stock or the detent arm."""
 
@@ -124,6 +150,14 @@ class KernelSelections:
         sol = solve(FAMILIES[family], self.deployment.facts(family, site), cache=self.cache)
         if self.arm == "stock":
             return sol.stock()
+        if self.arm == "det":
+            facts = self.deployment.facts(family, site)
+            sel = sol.commit(*det_assignment(family, facts, sol))
+            if family == "attention":
+                one = sel(1, 1, 1, 1)
+                if one.num_splits != 1 or one.split_size < facts["max_context"]:
+                    raise SelIRError(f"det attention for {facts} splits the KV: {one}")
+            return sel
         entry = self.commitment.entries.get(key)
         if entry is None:  # no committed value yet: the solver's default tuple, recorded
             pins, knobs = sol.split(sol.default)

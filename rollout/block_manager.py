@@ -59,6 +59,7 @@ class BlockManager:
         if not self.can_allocate(seq):
             raise RuntimeError(f"{seq.num_blocks} blocks needed, {self.num_free} free")
         prefix, hit = b"", True
+        seq.num_cached = 0
         for i in range(seq.num_blocks):
             tokens = seq.block_tokens(i)
             full = len(tokens) == self.block_size
@@ -89,7 +90,7 @@ class BlockManager:
             if block.ref_count == 0:
                 self.free.append(block_id)  # keeps its hash until reused: a later prefix may hit
         seq.block_table.clear()
-        seq.num_cached = seq.num_computed = 0
+        seq.num_computed = 0  # num_cached stays: how much of the prompt the last allocation found cached
 
     def can_append(self, seq: Sequence) -> bool:
         """Whether the newest token (position len-1) has a slot, or a free block can give it one."""
@@ -108,6 +109,15 @@ class BlockManager:
         if not self.free:
             raise RuntimeError(f"no free block for sequence {seq.seq_id}")
         seq.block_table.append(self._take().id)
+
+    def flush(self) -> None:
+        """Forget every prefix hash; only when no sequence holds a block."""
+        held = [b.id for b in self.blocks if b.ref_count]
+        if held:
+            raise RuntimeError(f"cannot flush the prefix cache: blocks {held[:8]} are in use")
+        for b in self.blocks:
+            b.hash, b.tokens = None, []
+        self.by_hash.clear()
 
     def slot(self, seq: Sequence, position: int) -> int:
         """The flat cache slot (page * block_size + offset) of a token position."""

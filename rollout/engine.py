@@ -8,11 +8,14 @@ the two are equal bit for bit; with the stock arm they are not.
 """
 from __future__ import annotations
 
+from typing import Iterable, Mapping
+
 import torch
 
 from detent_rl.kernels.log_softmax import token_logprobs
 from detent_rl.kernels.sampling import sample
 from detent_rl.models.context import set_context
+from detent_rl.models.loader import update_weights
 from detent_rl.models.model import CausalLM
 from detent_rl.models.runner import Span as StepSpan
 from detent_rl.models.runner import step_inputs
@@ -73,6 +76,23 @@ class Engine:
             top_p=torch.tensor([x.top_p for x in p], dtype=torch.float32, device=dev),
             block=cfg.block, num_warps=cfg.num_warps)
         return {s.seq.seq_id: (t, lp) for s, t, lp in zip(sampling, tokens.tolist(), logprobs.tolist())}
+
+    @torch.inference_mode()
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor], *,
+                       strict: bool = True) -> int:
+        """Copy new weights into the model in place (HF names, or the model's own fused names) and
+        flush the prefix cache, whose keys the old weights computed. Only between `generate` calls."""
+        if not self.scheduler.idle:
+            raise RuntimeError("update_weights while requests are in flight; call it between generate calls")
+        n = update_weights(self.model, weights, strict=strict)
+        self.flush_cache()
+        return n
+
+    def flush_cache(self) -> None:
+        """Forget every cached prefix block (their keys were computed by the current weights)."""
+        if not self.scheduler.idle:
+            raise RuntimeError("flush_cache while requests are in flight; call it between generate calls")
+        self.blocks.flush()
 
     @torch.inference_mode()
     def rescore(self, seq: Sequence) -> list[float]:

@@ -50,10 +50,33 @@ def _failures(model, target: int = 0) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_rollout_is_batch_invariant_and_rescore_matches(tmp_path, dtype):
-    model = load_model(save(hf_model("qwen2"), tmp_path), "detent", dtype=dtype, **LIMITS)
+@pytest.mark.parametrize("arm,dtype", [("detent", torch.float32), ("detent", torch.bfloat16),
+                                       ("det", torch.float32)], ids=["detent-fp32", "detent-bf16", "det-fp32"])
+def test_rollout_is_batch_invariant_and_rescore_matches(tmp_path, arm, dtype):
+    model = load_model(save(hf_model("qwen2"), tmp_path), arm, dtype=dtype, **LIMITS)
     assert _failures(model) == []
+
+
+def test_update_weights_in_place_equals_loading_the_new_checkpoint(tmp_path):
+    old_dir, new_dir = save(hf_model("qwen2", seed=0), tmp_path / "old"), save(hf_model("qwen2", seed=1), tmp_path / "new")
+    engine = Engine(load_model(old_dir, "detent", dtype=torch.float32, **LIMITS), num_blocks=64)
+    prompt, sp = list(range(1, 40)), SamplingParams(seed=7, temperature=1.0, max_tokens=6)
+    before = engine.generate([prompt], [sp])[0]
+    assert engine.generate([prompt], [sp])[0].num_cached > 0  # the prompt's full blocks are cached
+    new_model = hf_model("qwen2", seed=1)
+    n = engine.update_weights({k: v for k, v in new_model.state_dict().items()})
+    assert n == sum(len(getattr(p, "shard_ids", (0,))) for p in engine.model.parameters())  # every shard set
+    after = engine.generate([prompt], [sp])[0]
+    assert after.num_cached == 0, "update_weights must flush the prefix cache computed by the old weights"
+    fresh = Engine(load_model(new_dir, "detent", dtype=torch.float32, **LIMITS), num_blocks=64).generate([prompt], [sp])[0]
+    assert (after.completion, after.logprobs) == (fresh.completion, fresh.logprobs)
+    assert after.logprobs != before.logprobs
+    # the model's own (fused) names work too, and bad input names what is wrong
+    engine.update_weights(dict(engine.model.named_parameters()))
+    with pytest.raises(ValueError, match=r"missing tensors \['lm_head.weight'\]|missing tensors \[.*norm"):
+        engine.update_weights({k: v for k, v in new_model.state_dict().items() if "norm" not in k})
+    with pytest.raises(ValueError, match=r"model.layers.0.self_attn.q_proj.weight: shape"):
+        engine.update_weights({"model.layers.0.self_attn.q_proj.weight": torch.zeros(3, 3)}, strict=False)
 
 
 def test_stock_arm_fails_the_same_checks(tmp_path):

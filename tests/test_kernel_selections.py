@@ -52,3 +52,19 @@ def test_bad_tuple_files_name_what_is_wrong(tmp_path):
         KernelSelections(QWEN2_05B).get("conv")
     with pytest.raises(SelIRError, match="unknown arm"):
         KernelSelections(QWEN2_05B, "fast")
+
+
+def test_det_arm_is_one_unsplit_configuration_per_site():
+    sel = KernelSelections(QWEN2_05B, "det")
+    mm = sel.get("matmul", n=1152, k=896)
+    assert mm(1) == mm(7) == mm(8192) and mm(1).tile_split_k == 1
+    att = sel.get("attention")
+    one = att(1, 1, 1, 10)
+    assert one == att(64, 300, 2000, 4000) == att(128, 1, 128, 4096)
+    assert one.num_splits == 1 and one.split_size >= QWEN2_05B.max_context  # no split-KV
+    assert sel.get("rmsnorm")(1) == sel.get("rmsnorm")(1000)
+    assert sel.get("log_softmax")(1) == sel.get("log_softmax")(5000)
+    # unlike the solver's tuple, nothing is recorded: det is a policy, not a commitment
+    assert sel.commitment.entries == {}
+    stock = KernelSelections(QWEN2_05B, "stock").get("attention")
+    assert stock(1, 1, 1, 4000).num_splits > 1  # the control: stock splits a long decode

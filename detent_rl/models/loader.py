@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 import torch
 from safetensors import safe_open
 
 from detent_rl.kernels.selections import CommitmentTuple, KernelSelections
 from detent_rl.models.config import ModelConfig
-from detent_rl.models.layers import Device
+from detent_rl.models.layers import Device, copy_weight
 from detent_rl.models.model import CausalLM, deployment_for
 
 # HF projection name -> (our fused parameter's module, shard id)
@@ -71,42 +71,62 @@ def checkpoint_files(root: Path) -> list[Path]:
     raise CheckpointError(f"{root}: no model.safetensors or model.safetensors.index.json")
 
 
-def _tensors(files: list[Path]) -> Iterator[tuple[Path, str, Any]]:
+def _tensors(files: list[Path]) -> Iterator[tuple[str, str, Callable[[], torch.Tensor]]]:
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
-                yield file, name, f
+                yield str(file), name, lambda f=f, name=name: f.get_tensor(name)
 
 
 def load_weights(model: CausalLM, root: Path) -> None:
     """Load every tensor of the checkpoint at `root` into `model` via the parameters' weight_loaders."""
+    load_named(model, _tensors(checkpoint_files(root)), f"checkpoint {root}")
+
+
+def update_weights(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
+                   *, strict: bool = True) -> int:
+    """Copy new values into the model's parameters in place (HF names, or ours for fused projections);
+    with `strict` every parameter must be given. Returns how many parameters (fused shards) were set."""
+    items = weights.items() if isinstance(weights, Mapping) else weights
+    return load_named(model, (("update_weights", name, lambda t=t: t) for name, t in items), "update_weights",
+                      strict=strict)
+
+
+def load_named(model: CausalLM, tensors: Iterable[tuple[str, str, Callable[[], torch.Tensor]]], source: str,
+               *, strict: bool = True) -> int:
+    """Route (origin, name, get) tensors to parameters; one error lists every name at fault."""
     params = dict(model.named_parameters())  # a tied lm_head shares embed_tokens' entry
     expected = {(name, shard) for name, p in params.items() for shard in getattr(p, "shard_ids", (None,))}
     loaded, unexpected = set(), []
-    for file, hf_name, f in _tensors(checkpoint_files(root)):
+    for origin, hf_name, get in tensors:
         if hf_name.endswith(IGNORED_SUFFIXES):
             continue
         if hf_name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue  # tied: HF ignores a saved copy too, the embedding is the head
         name, shard = _our_name(hf_name)
         param = params.get(name)
-        if param is None or (shard is not None) != hasattr(param, "shard_ids"):
+        if param is None or (shard is not None and not hasattr(param, "shard_ids")):
             unexpected.append(hf_name)
             continue
         try:
+            if shard is None and hasattr(param, "shard_ids"):  # a fused parameter under our own name
+                copy_weight(param, get().to(param.device))
+                loaded.update((name, s) for s in param.shard_ids)
+                continue
             if shard is None:
-                param.weight_loader(param, f.get_tensor(hf_name))
+                param.weight_loader(param, get().to(param.device))
             else:
-                param.weight_loader(param, f.get_tensor(hf_name), shard)
+                param.weight_loader(param, get().to(param.device), shard)
         except ValueError as e:
-            raise CheckpointError(f"{file}: tensor {hf_name}: {e}") from e
+            raise CheckpointError(f"{origin}: tensor {hf_name}: {e}") from e
         loaded.add((name, shard))
-    missing = sorted(_hf_name(name, shard) for name, shard in expected - loaded)
+    missing = sorted(_hf_name(name, shard) for name, shard in expected - loaded) if strict else []
     if missing or unexpected:
         parts = [f"missing tensors {missing}"] if missing else []
         parts += [f"unexpected tensors {sorted(unexpected)}"] if unexpected else []
-        raise CheckpointError(f"checkpoint {root} does not match its config "
+        raise CheckpointError(f"{source} does not match the model's config "
                               f"({model.config.model_type}): {'; '.join(parts)}")
+    return len(loaded)
 
 
 def _our_name(hf_name: str) -> tuple[str, Optional[str]]:
