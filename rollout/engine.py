@@ -20,26 +20,43 @@ from detent_rl.models.model import CausalLM
 from detent_rl.models.runner import Span as StepSpan
 from detent_rl.models.runner import step_inputs
 from detent_rl.rollout.block_manager import BlockManager
+from detent_rl.rollout.cuda_graph import DecodeGraphs
 from detent_rl.rollout.scheduler import Scheduler, Span
 from detent_rl.rollout.sequence import SamplingParams, Sequence
 
 
 class Engine:
-    def __init__(self, model: CausalLM, *, num_blocks: int, max_num_seqs: int = 64,
-                 max_num_tokens: int | None = None, chunk_size: int = 256) -> None:
+    """`cuda_graphs`: replay decode steps from CUDA graphs (default: on for a CUDA model in a pinned
+    arm; the stock arm's selection reads the batch, so it cannot be captured and runs eagerly)."""
+
+    def __init__(self, model: CausalLM, *, num_blocks: int, max_num_seqs: int | None = None,
+                 max_num_tokens: int | None = None, chunk_size: int = 256, cuda_graphs: bool | None = None) -> None:
         limit = model.selections.deployment.max_num_tokens
         max_num_tokens = max_num_tokens or limit
         if max_num_tokens > limit:
             raise ValueError(f"max_num_tokens {max_num_tokens} exceeds the deployment's {limit}")
+        max_batch = model.selections.deployment.max_batch
+        max_num_seqs = max_num_seqs or min(64, max_batch)
+        if max_num_seqs > max_batch:
+            raise ValueError(f"max_num_seqs {max_num_seqs} exceeds the deployment's max_batch {max_batch}")
+        if cuda_graphs is None:
+            cuda_graphs = model.device.type == "cuda" and model.selections.arm != "stock"
         self.model = model
         self.blocks = BlockManager(num_blocks, model.page_size)
         self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_tokens, chunk_size)
-        self.caches = model.allocate_kv_cache(num_blocks)
+        # one page more than the block manager hands out: the scratch page of padded graph rows
+        self.caches = model.allocate_kv_cache(num_blocks + 1)
+        self.graphs = DecodeGraphs(model, self.caches, num_blocks, max_num_seqs) if cuda_graphs else None
         self._select_logprobs = model.selections.get("log_softmax")
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Sequence]:
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        limit = self.model.max_positions
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            if len(p) + sp.max_tokens > limit:
+                raise ValueError(f"request {i}: {len(p)} prompt tokens + max_tokens {sp.max_tokens} exceed the "
+                                 f"deployment's context of {limit} positions")
         seqs = [Sequence(list(p), sp, self.model.page_size) for p, sp in zip(prompts, params)]
         for s in seqs:
             self.scheduler.add(s)
@@ -50,8 +67,16 @@ class Engine:
             self.scheduler.postprocess(spans, self._step(spans))
         return seqs
 
-    @torch.inference_mode()
-    def _step(self, spans: list[Span]) -> dict[int, tuple[int, float]]:
+    def _logits(self, spans: list[Span]) -> torch.Tensor | None:
+        """The step's forward; logits of each sampling span's last token (None if none samples)."""
+        page = self.model.page_size
+        if self.graphs is not None and len(spans) <= self.graphs.max_batch and all(
+                s.count == 1 and s.samples for s in spans):
+            seqs = [s.seq for s in spans]
+            pos = [s.start for s in spans]
+            return self.graphs.run([q.tokens[p] for q, p in zip(seqs, pos)], pos,
+                                   [q.block_table[p // page] * page + p % page for q, p in zip(seqs, pos)],
+                                   [q.block_table for q in seqs])
         step = [StepSpan(s.seq.tokens[s.start:s.start + s.count], s.start, s.seq.block_table) for s in spans]
         input_ids, positions, ctx = step_inputs(self.model, self.caches, step)
         with set_context(ctx):
@@ -61,10 +86,14 @@ class Engine:
             at += s.count
             if s.samples:
                 ends.append(at - 1)
-        sampling = [s for s in spans if s.samples]
-        if not sampling:
+        return self.model.logits(hidden[ends]) if ends else None
+
+    @torch.inference_mode()
+    def _step(self, spans: list[Span]) -> dict[int, tuple[int, float]]:
+        logits = self._logits(spans)
+        if logits is None:
             return {}
-        logits = self.model.logits(hidden[ends])
+        sampling = [s for s in spans if s.samples]
         dev = logits.device
         p = [s.seq.params for s in sampling]
         cfg = self._select_logprobs(len(sampling))

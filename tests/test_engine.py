@@ -95,3 +95,25 @@ def test_gpu_rollout_is_batch_invariant_and_rescore_matches(tmp_path, dtype):
 def test_gpu_stock_arm_fails_the_same_checks(tmp_path):
     model = load_model(save(hf_model("qwen2"), tmp_path), "stock", device="cuda", dtype=torch.float32, **LIMITS)
     assert _failures(model), "negative control: stock selection must change a request's bits"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arm,dtype", [("detent", torch.bfloat16), ("detent", torch.float32), ("det", torch.bfloat16)],
+                         ids=["detent-bf16", "detent-fp32", "det-bf16"])
+def test_gpu_decode_graphs_give_the_eager_bits(tmp_path, arm, dtype):
+    model = load_model(save(hf_model("qwen2"), tmp_path), arm, device="cuda", dtype=dtype, **LIMITS)
+    prompts, params = _requests(11, seed=3)  # 11 sequences: padded to the size-16 graph, then fewer
+    engine = Engine(model, num_blocks=64)
+    graphed = engine.generate(prompts, params)
+    assert engine.graphs is not None and engine.graphs.graphs, "decode steps must have replayed graphs"
+    eager = Engine(model, num_blocks=64, cuda_graphs=False).generate(prompts, params)
+    assert [(s.completion, s.logprobs) for s in graphed] == [(s.completion, s.logprobs) for s in eager]
+    assert [engine.rescore(s) for s in graphed] == [s.logprobs for s in graphed]
+
+
+@pytest.mark.gpu
+def test_gpu_stock_arm_refuses_decode_graphs(tmp_path):
+    model = load_model(save(hf_model("qwen2"), tmp_path), "stock", device="cuda", dtype=torch.bfloat16, **LIMITS)
+    assert Engine(model, num_blocks=64).graphs is None  # stock decodes eagerly by default
+    with pytest.raises(ValueError, match="pinned arm"):
+        Engine(model, num_blocks=64, cuda_graphs=True)
