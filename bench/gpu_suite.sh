@@ -3,7 +3,8 @@
 # triton (the device image has no network, so nothing is installed: the package is laid out with
 # symlinks on PYTHONPATH instead of `pip install -e`). Logs go to ${OUT:-/tmp/gpu_suite}.
 # Usage, from the repository root: bash bench/gpu_suite.sh [test files...]   (default: all of tests/)
-# BENCHES="bench/a.py bench/b.py" picks the benchmarks (default: every bench/kernels_*_bench.py).
+# BENCHES="bench/a.py; bench/b.py --flag" picks the benchmark commands, ';'-separated (default: every
+# bench/kernels_*_bench.py).
 set -uo pipefail
 root=$(pwd)
 out=${OUT:-/tmp/gpu_suite}
@@ -18,8 +19,11 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 if [ $# -eq 0 ]; then set -- tests; fi
 python3 -P -m pytest -m gpu -q -p no:cacheprovider -rs --durations=15 "$@" 2>&1 | tee "$out/gpu_tests.log"
 status=${PIPESTATUS[0]}
-for b in ${BENCHES:-bench/kernels_*_bench.py}; do
-    echo "== $b" | tee -a "$out/gpu_bench.md"
-    python3 "$b" 2>&1 | tee -a "$out/gpu_bench.md"
+IFS=';' read -ra benches <<< "${BENCHES:-$(ls bench/kernels_*_bench.py | paste -sd';')}"
+for b in "${benches[@]}"; do
+    b=$(echo $b)  # trim
+    [ -z "$b" ] && continue
+    echo "== python3 $b" | tee -a "$out/gpu_bench.md"
+    python3 $b 2>&1 | tee -a "$out/gpu_bench.md"
 done
 exit "$status"

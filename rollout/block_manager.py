@@ -2,6 +2,12 @@
 
 A cached block's keys were written by whichever request prefilled it first; with batch-invariant
 kernels those are the bits this request would have computed, so a prefix hit changes nothing.
+
+A block may be hit only once its keys exist: its hash is registered when a step that computes
+its last token is scheduled (`cache_computed`), never at allocation. Within that step every
+layer stores the step's keys before it attends, so a request admitted later in the same step
+may already share the block; a block whose chunk is still to come (chunked prefill) is not
+visible. A preempted request's scheduled-but-uncomputed blocks are unregistered.
 """
 from __future__ import annotations
 
@@ -74,21 +80,32 @@ class BlockManager:
             else:
                 hit = False  # after the first miss the rest of the prompt is new
                 block = self._take()
-                if h is not None:
+                if h is not None:  # registered by cache_computed once a step computes it
                     block.hash, block.tokens = h, list(tokens)
-                    self.by_hash[h] = block.id
             prefix = h or prefix
             seq.block_table.append(block.id)
         # at least the last prompt token is recomputed: its logits start the decode
         seq.num_cached = min(seq.num_cached, seq.num_prompt - 1)
         seq.num_computed = seq.num_cached
 
+    def cache_computed(self, seq: Sequence, upto: int) -> None:
+        """Register the full blocks whose tokens all lie before `upto` (computed by the scheduled step)."""
+        for i in range(min(upto // self.block_size, len(seq.block_table))):
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is not None:
+                self.by_hash.setdefault(block.hash, block.id)
+
     def deallocate(self, seq: Sequence) -> None:
-        for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
+        computed = seq.num_computed // self.block_size  # blocks before this one hold computed keys
+        for i in reversed(range(len(seq.block_table))):
+            block = self.blocks[seq.block_table[i]]
             block.ref_count -= 1
             if block.ref_count == 0:
-                self.free.append(block_id)  # keeps its hash until reused: a later prefix may hit
+                if i >= computed and block.hash is not None:  # scheduled, never computed: not a prefix
+                    if self.by_hash.get(block.hash) == block.id:
+                        del self.by_hash[block.hash]
+                    block.hash, block.tokens = None, []
+                self.free.append(block.id)  # keeps its hash until reused: a later prefix may hit
         seq.block_table.clear()
         seq.num_computed = 0  # num_cached stays: how much of the prompt the last allocation found cached
 

@@ -56,6 +56,7 @@ class Scheduler:
             if seq.num_computed < len(seq) - 1:  # an unfinished prefill: the next chunk
                 n = min(self.chunk_size, len(seq) - seq.num_computed, budget)
                 spans.append(Span(seq, seq.num_computed, n))
+                self.blocks.cache_computed(seq, seq.num_computed + n)
                 budget -= n
                 continue
             while not self.blocks.can_append(seq):  # free a block by preempting the newest request
@@ -78,6 +79,7 @@ class Scheduler:
             self.running.append(seq)
             n = min(self.chunk_size, len(seq) - seq.num_computed, budget)
             spans.append(Span(seq, seq.num_computed, n))
+            self.blocks.cache_computed(seq, seq.num_computed + n)  # later admissions may share them
             budget -= n
         return spans
 

@@ -23,10 +23,17 @@ def test_allocate_and_free_restore_every_block():
     assert bm.num_free == 8 and a.block_table == []
 
 
+def computed(bm: BlockManager, s: Sequence, upto: int | None = None) -> None:
+    """What the scheduler does when it schedules the step computing s's tokens before `upto`."""
+    bm.cache_computed(s, len(s) if upto is None else upto)
+    s.num_computed = len(s) if upto is None else upto
+
+
 def test_shared_prefix_hits_full_blocks_only():
     bm = BlockManager(16, 4)
     a, b = seq([1, 2, 3, 4, 5, 6, 7, 8, 9]), seq([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11])
     bm.allocate(a)
+    computed(bm, a)
     bm.allocate(b)
     assert b.block_table[:2] == a.block_table[:2] and b.block_table[2] != a.block_table[2]
     assert b.num_cached == 8 and b.num_computed == 8
@@ -40,14 +47,40 @@ def test_a_whole_cached_prompt_still_recomputes_its_last_token():
     bm = BlockManager(8, 4)
     a, b = seq(range(8)), seq(range(8))
     bm.allocate(a)
+    computed(bm, a)
     bm.allocate(b)
     assert b.block_table == a.block_table and b.num_cached == 7
+
+
+def test_a_block_is_hit_only_once_a_step_computes_it():
+    bm = BlockManager(16, 4)
+    a, b = seq(range(12)), seq(range(12))
+    bm.allocate(a)
+    bm.allocate(b)  # nothing of a is scheduled yet: no hit
+    assert b.num_cached == 0 and not set(b.block_table) & set(a.block_table)
+    bm.deallocate(b)
+    computed(bm, a, 6)  # the first chunk (6 tokens) covers block 0 only
+    c = seq(range(12))
+    bm.allocate(c)
+    assert c.num_cached == 4 and c.block_table[0] == a.block_table[0] and c.block_table[1] != a.block_table[1]
+
+
+def test_a_preempted_requests_uncomputed_blocks_are_forgotten():
+    bm = BlockManager(16, 4)
+    a = seq(range(12))
+    bm.allocate(a)
+    bm.cache_computed(a, 12)  # its step is scheduled, then it is preempted before the step runs
+    bm.deallocate(a)
+    b = seq(range(12))
+    bm.allocate(b)
+    assert b.num_cached == 0
 
 
 def test_freed_blocks_keep_their_hash_until_reused():
     bm = BlockManager(4, 4)
     a = seq(range(8))
     bm.allocate(a)
+    computed(bm, a)
     bm.deallocate(a)
     b = seq(range(8))
     bm.allocate(b)

@@ -117,3 +117,16 @@ def test_gpu_stock_arm_refuses_decode_graphs(tmp_path):
     assert Engine(model, num_blocks=64).graphs is None  # stock decodes eagerly by default
     with pytest.raises(ValueError, match="pinned arm"):
         Engine(model, num_blocks=64, cuda_graphs=True)
+
+
+def test_a_group_sharing_its_prompt_under_chunked_prefill_matches_each_sample_alone(tmp_path):
+    """GRPO's shape: samples of one prompt admitted together share its blocks as each chunk is
+    computed — never a block whose chunk is still to come (that read unwritten keys once)."""
+    model = load_model(save(hf_model("qwen2"), tmp_path), "detent", dtype=torch.float32, **LIMITS)
+    prompt = [(7 * i) % VOCAB for i in range(100)]
+    params = [SamplingParams(seed=i, temperature=1.0, max_tokens=4) for i in range(4)]
+    group = Engine(model, num_blocks=64, chunk_size=16, max_num_tokens=64).generate([prompt] * 4, params)
+    assert [s.num_cached for s in group] == [0, 16, 32, 48]  # each later sample shares the chunks so far
+    for s, p in zip(group, params):
+        alone = Engine(model, num_blocks=64).generate([prompt], [p])[0]
+        assert (s.completion, s.logprobs) == (alone.completion, alone.logprobs)
