@@ -67,6 +67,29 @@ def timed(fn, repeats: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
+def profile(fn) -> None:
+    import cProfile
+    import pstats
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    prof = cProfile.Profile()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    prof.enable()
+    fn()
+    torch.cuda.synchronize()
+    prof.disable()
+    wall = time.perf_counter() - t0
+    print(f"\nhost profile of one run ({wall:.2f} s wall):")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as p:
+        fn()
+        torch.cuda.synchronize()
+    gpu_us = sum(e.device_time_total for e in p.key_averages())
+    print(f"GPU kernel time of one run: {gpu_us / 1e6:.2f} s")
+    print(p.key_averages().table(sort_by="device_time_total", row_limit=15))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="qwen2-0.5b")
@@ -74,6 +97,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="also print the host-side cProfile of one detent "
+                                                             "CUDA-graph run and its GPU kernel time")
     args = ap.parse_args()
     import transformers
     transformers.logging.set_verbosity_error()
@@ -96,7 +121,7 @@ def main() -> None:
         rows = []
         hf_s, hf_tokens = timed(run_hf, args.repeats)
         rows.append(("HF generate (eager, dynamic cache)", hf_s, None))
-        del hf
+        hf = None  # free its memory before the engine arms load
         torch.cuda.empty_cache()
         params = [SamplingParams(seed=i, temperature=0.0, max_tokens=n) for i in range(args.batch)]
         pages = -(-limits["max_context"] // 16) * args.batch + 8
@@ -111,6 +136,8 @@ def main() -> None:
                 return [s.completion for s in engine.generate(prompts.tolist(), params)]
 
             s, tokens = timed(run_engine, args.repeats)
+            if args.profile and graphs and arm == "detent":
+                profile(run_engine)
             same = sum(a == b for x, y in zip(tokens, hf_tokens) for a, b in zip(x, y)) / (args.batch * n)
             rows.append((label, s, same))
             del engine, model

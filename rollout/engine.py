@@ -12,13 +12,12 @@ from typing import Iterable, Mapping
 
 import torch
 
-from detent_rl.kernels.log_softmax import token_logprobs
 from detent_rl.kernels.sampling import sample
 from detent_rl.models.context import set_context
 from detent_rl.models.loader import update_weights
 from detent_rl.models.model import CausalLM
 from detent_rl.models.runner import Span as StepSpan
-from detent_rl.models.runner import step_inputs
+from detent_rl.models.runner import completion_logprobs, step_inputs
 from detent_rl.rollout.block_manager import BlockManager
 from detent_rl.rollout.cuda_graph import DecodeGraphs
 from detent_rl.rollout.scheduler import Scheduler, Span
@@ -125,15 +124,6 @@ class Engine:
 
     @torch.inference_mode()
     def rescore(self, seq: Sequence) -> list[float]:
-        """The trainer's computation: one prefill of prompt + completion in scratch pages."""
-        tokens, n = seq.tokens, len(seq.completion)
-        pages = -(-len(tokens) // self.model.page_size)
-        caches = self.model.allocate_kv_cache(pages)
-        input_ids, positions, ctx = step_inputs(self.model, caches, [StepSpan(list(tokens), 0, list(range(pages)))])
-        with set_context(ctx):
-            hidden = self.model(input_ids, positions)
-        logits = self.model.logits(hidden[seq.num_prompt - 1:len(tokens) - 1])
-        cfg = self._select_logprobs(n)
-        t = seq.params.temperature or 1.0
-        ids = torch.tensor(seq.completion, dtype=torch.int64, device=logits.device)
-        return token_logprobs(logits, ids, block=cfg.block, num_warps=cfg.num_warps, temperature=t).tolist()
+        """The trainer's computation (`completion_logprobs`: one prefill of prompt + completion in
+        scratch pages) of a finished sequence's completion logprobs."""
+        return completion_logprobs(self.model, [(seq.tokens, seq.num_prompt)], [seq.params.temperature])[0].tolist()

@@ -1,5 +1,7 @@
 """The model's layers, each a thin shell over one of our kernels and the selector of its call site.
 
+Kernels are called through `kernels.autograd`, which is the kernel call itself unless a
+parameter or input needs a gradient (the trainer), and then the same call with a backward.
 Every layer asks `KernelSelections` for its selector once, at construction (selectors are memoised
 per site, so the 2 x num_layers norms of one width share one), and calls it with the step's row
 count on every forward. No layer falls back to torch.nn.functional: a row's bits are decided by
@@ -13,13 +15,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from detent_rl.kernels.attention import paged_attention, store_kv
-from detent_rl.kernels.embedding import embedding
-from detent_rl.kernels.matmul import linear, tile_params
-from detent_rl.kernels.rmsnorm import rmsnorm
-from detent_rl.kernels.rotary import apply_rotary
+from detent_rl.kernels.autograd import apply_rotary, attention, embedding, linear, rmsnorm, silu_and_mul
+from detent_rl.kernels.matmul import tile_params
 from detent_rl.kernels.selections import KernelSelections
-from detent_rl.kernels.silu_and_mul import silu_and_mul
 from detent_rl.models.config import ModelConfig
 from detent_rl.models.context import get_context
 
@@ -55,7 +53,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # pad_m only moves the selection's bucket; the kernel needs no padding
-        return linear(x, self.weight, self.bias, **tile_params(self._select(x.shape[0])))
+        return linear(x, self.weight, self.bias, tile_params(self._select(x.shape[0])))
 
 
 class MergedLinear(Linear):
@@ -171,12 +169,11 @@ class Attention(nn.Module):
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(tokens, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k)
         k_cache, v_cache = ctx.kv_caches[self.layer_idx]
-        store_kv(k, v, k_cache, v_cache, ctx.slots)
         s = self._select(ctx.num_seqs, ctx.max_seqlen_q, tokens, ctx.max_seqlen_k)
         if s.block_m != ctx.meta.block_m:
             raise RuntimeError(f"the step's AttnMeta was built with block_m={ctx.meta.block_m} but the attention "
                                f"selection gives {s.block_m}; build it with CausalLM.select_attention")
-        out = paged_attention(q, k_cache, v_cache, ctx.meta, scale=self.scale, block_n=s.block_n,
-                              split_size=s.split_size, num_splits=s.num_splits, num_warps=s.num_warps,
-                              num_stages=s.num_stages)
+        out = attention(q, k, v, k_cache, v_cache, ctx.slots, ctx.meta, scale=self.scale, block_n=s.block_n,
+                        split_size=s.split_size, num_splits=s.num_splits, num_warps=s.num_warps,
+                        num_stages=s.num_stages)
         return self.o_proj(out.reshape(tokens, self.q_size))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from detent_rl.kernels.attention import attn_meta
+from detent_rl.kernels.autograd import token_logprobs
 from detent_rl.models.context import ForwardContext, KVCache, set_context
 from detent_rl.models.model import CausalLM
 
@@ -69,6 +70,48 @@ def prefill_batch(model: CausalLM, caches: list[KVCache], sequences: list[list[i
     if at > caches[0][0].shape[0]:
         raise ValueError(f"{len(sequences)} sequences need {at} pages; the cache has {caches[0][0].shape[0]}")
     return run_step(model, caches, spans)
+
+
+def completion_logprobs(model: CausalLM, sequences: list[tuple[list[int], int]], temperatures: list[float]
+                        ) -> list[torch.Tensor]:
+    """The trainer's computation: fp32 logprobs [len - prompt] of each (tokens, prompt length)'s
+    completion at its temperature, from ONE prefill step of all the sequences in fresh pages.
+
+    Differentiable when grad is enabled and the weights require it (kernels.autograd); with the
+    pinned selections its bits are the rollout's, whatever the batch. The sequence's last token
+    is the completion's last: nothing is predicted after it.
+    """
+    if len(sequences) != len(temperatures):
+        raise ValueError(f"{len(sequences)} sequences but {len(temperatures)} temperatures")
+    page = model.page_size
+    spans, at = [], 0
+    for i, (tokens, n_prompt) in enumerate(sequences):
+        if not 1 <= n_prompt < len(tokens):
+            raise ValueError(f"sequence {i}: prompt length {n_prompt} must be >= 1 and leave a completion "
+                             f"in its {len(tokens)} tokens")
+        pages = -(-len(tokens) // page)
+        spans.append(Span(list(tokens), 0, list(range(at, at + pages))))
+        at += pages
+    caches = model.allocate_kv_cache(at)
+    input_ids, positions, ctx = step_inputs(model, caches, spans)
+    with set_context(ctx):
+        hidden = model(input_ids, positions)
+    rows, targets, at = [], [], 0
+    for tokens, n_prompt in sequences:  # the logits at position p predict token p + 1
+        rows.extend(range(at + n_prompt - 1, at + len(tokens) - 1))
+        targets.extend(tokens[n_prompt:])
+        at += len(tokens)
+    logits = model.logits(hidden[torch.tensor(rows, device=hidden.device)])
+    ids = torch.tensor(targets, dtype=torch.int64, device=logits.device)
+    select = model.selections.get("log_softmax")
+    out, at = [], 0
+    for (tokens, n_prompt), t in zip(sequences, temperatures):
+        n = len(tokens) - n_prompt
+        cfg = select(n)  # the row count the engine's sampler and rescore select with: pinned, so moot
+        out.append(token_logprobs(logits[at:at + n], ids[at:at + n], block=cfg.block, num_warps=cfg.num_warps,
+                                  temperature=t or 1.0))
+        at += n
+    return out
 
 
 class SequenceRunner:

@@ -1,0 +1,180 @@
+"""Autograd for the trainer: the forward runs our kernels, the backward differentiates a reference.
+
+The trainer's forward must give the rollout's bits (importance ratio exactly 1.0 on the first
+minibatch), so each op's forward here IS the kernel call the engine makes, with the same selected
+parameters — `torch.autograd.Function.forward` runs it unchanged, without recording a graph. The
+backward only has to be a correct gradient, not a bit-exact one: it differentiates the op's plain
+PyTorch reference (the formula the kernel computes, in the same dtypes), recomputed from the saved
+inputs; linear and embedding have closed forms. Each wrapper calls the kernel directly when no
+input needs a gradient, so inference pays nothing.
+
+Attention differentiates only the trainer's shape: one prefill per sequence from position 0, its
+keys all in the step (a cached prefix has no gradient path); other steps are refused.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from detent_rl.kernels.attention import AttnMeta, paged_attention, store_kv
+from detent_rl.kernels.embedding import embedding as embedding_kernel
+from detent_rl.kernels.log_softmax import token_logprobs as token_logprobs_kernel
+from detent_rl.kernels.log_softmax import token_logprobs_ref
+from detent_rl.kernels.matmul import linear as linear_kernel
+from detent_rl.kernels.rmsnorm import rmsnorm as rmsnorm_kernel
+from detent_rl.kernels.rmsnorm import rmsnorm_ref
+from detent_rl.kernels.rotary import apply_rotary as rotary_kernel
+from detent_rl.kernels.rotary import apply_rotary_ref
+from detent_rl.kernels.silu_and_mul import silu_and_mul as silu_and_mul_kernel
+from detent_rl.kernels.silu_and_mul import silu_and_mul_ref
+
+
+def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+class _RefGrad(torch.autograd.Function):
+    """out = kernel(*inputs); d/dinputs from ref(*inputs). Outputs may be a tuple."""
+
+    @staticmethod
+    def forward(ctx: Any, kernel: Callable, ref: Callable, *inputs: Any) -> Any:
+        ctx.ref = ref
+        ctx.tensor_at = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
+        ctx.others = [None if isinstance(x, torch.Tensor) else x for x in inputs]
+        ctx.save_for_backward(*(inputs[i] for i in ctx.tensor_at))
+        out = kernel(*inputs)
+        ctx.is_tuple = isinstance(out, tuple)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+        saved = ctx.saved_tensors
+        args = list(ctx.others)
+        leaves = []
+        for i, t in zip(ctx.tensor_at, saved):
+            leaf = t.detach().requires_grad_(t.requires_grad and t.is_floating_point())
+            args[i] = leaf
+            if leaf.requires_grad:
+                leaves.append((i, leaf))
+        with torch.enable_grad():
+            out = ctx.ref(*args)
+        outs = out if ctx.is_tuple else (out,)
+        pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
+        result: list[Optional[torch.Tensor]] = [None] * len(args)
+        if pairs and leaves:
+            found = torch.autograd.grad([o for o, _ in pairs], [leaf for _, leaf in leaves],
+                                        [g for _, g in pairs], allow_unused=True)
+            for (i, _), g in zip(leaves, found):
+                result[i] = g
+        return (None, None, *result)
+
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], tile: dict) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        return linear_kernel(x, w, b, **tile)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple:
+        x, w = ctx.saved_tensors
+        gx = g @ w if ctx.needs_input_grad[0] else None
+        gw = g.t() @ x if ctx.needs_input_grad[1] else None
+        gb = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb, None
+
+
+class _Embedding(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, ids: torch.Tensor, weight: torch.Tensor, block: int) -> torch.Tensor:
+        ctx.save_for_backward(ids)
+        ctx.shape = weight.shape
+        return embedding_kernel(ids, weight, block=block)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple:
+        (ids,) = ctx.saved_tensors
+        gw = torch.zeros(ctx.shape, dtype=torch.float32, device=g.device)
+        gw.index_add_(0, ids.reshape(-1).long(), g.reshape(-1, ctx.shape[1]).float())
+        return None, gw.to(g.dtype), None
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], tile: dict) -> torch.Tensor:
+    if not _needs_grad(x, w, b):
+        return linear_kernel(x, w, b, **tile)
+    return _Linear.apply(x, w, b, tile)
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor, *, block: int) -> torch.Tensor:
+    if not _needs_grad(weight):
+        return embedding_kernel(ids, weight, block=block)
+    return _Embedding.apply(ids, weight, block)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, block: int, num_warps: int,
+            residual: Optional[torch.Tensor] = None) -> Any:
+    if not _needs_grad(x, weight, residual):
+        return rmsnorm_kernel(x, weight, eps, block=block, num_warps=num_warps, residual=residual)
+    return _RefGrad.apply(
+        lambda x, w, r: rmsnorm_kernel(x, w, eps, block=block, num_warps=num_warps, residual=r),
+        lambda x, w, r: rmsnorm_ref(x, w, eps, residual=r), x, weight, residual)
+
+
+def silu_and_mul(x: torch.Tensor, *, block: int) -> torch.Tensor:
+    if not _needs_grad(x):
+        return silu_and_mul_kernel(x, block=block)
+    return _RefGrad.apply(lambda x: silu_and_mul_kernel(x, block=block), silu_and_mul_ref, x)
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 *, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if not _needs_grad(q, k):
+        return rotary_kernel(q, k, positions, cos, sin, block=block)
+    # the kernels need a contiguous last dim, and so does HF's reference on views of the fused qkv
+    return _RefGrad.apply(lambda q, k, p, c, s: rotary_kernel(q, k, p, c, s, block=block), apply_rotary_ref,
+                          q, k, positions, cos, sin)
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, *, block: int, num_warps: int,
+                   temperature: float = 1.0) -> torch.Tensor:
+    if not _needs_grad(logits):
+        return token_logprobs_kernel(logits, token_ids, block=block, num_warps=num_warps, temperature=temperature)
+    return _RefGrad.apply(
+        lambda x, t: token_logprobs_kernel(x, t, block=block, num_warps=num_warps, temperature=temperature),
+        lambda x, t: token_logprobs_ref(x, t, temperature=temperature), logits, token_ids)
+
+
+def _attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: list[int], scale: float) -> torch.Tensor:
+    """Causal attention of each sequence's rows over its own keys (all new in this step), fp32 inside."""
+    outs = []
+    group = q.shape[1] // k.shape[1]
+    for b in range(len(cu_q) - 1):
+        s, e = cu_q[b], cu_q[b + 1]
+        qb = q[s:e].float().transpose(0, 1)  # [H, n, D]
+        kb = k[s:e].float().repeat_interleave(group, 1).transpose(0, 1)
+        vb = v[s:e].float().repeat_interleave(group, 1).transpose(0, 1)
+        ob = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale)
+        # the kernel rounds P to the value dtype before P @ V; the gradient ignores that rounding
+        outs.append(ob.transpose(0, 1).to(q.dtype))
+    return torch.cat(outs)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+              slots: torch.Tensor, meta: AttnMeta, *, scale: float, **params: Any) -> torch.Tensor:
+    """store_kv + paged_attention (the engine's two calls); differentiable for one-shot prefills."""
+    if not _needs_grad(q, k, v):
+        store_kv(k, v, k_cache, v_cache, slots)
+        return paged_attention(q, k_cache, v_cache, meta, scale=scale, **params)
+    if bool((meta.pos0 != 0).any()):
+        raise ValueError("a differentiable attention step must prefill every sequence from position 0 "
+                         "(its keys all in the step); this step has a cached prefix")
+    cu = meta.cu_q.tolist()
+
+    def kernel(q, k, v):
+        store_kv(k, v, k_cache, v_cache, slots)
+        return paged_attention(q, k_cache, v_cache, meta, scale=scale, **params)
+
+    return _RefGrad.apply(kernel, lambda q, k, v: _attention_ref(q, k, v, cu, scale), q, k, v)

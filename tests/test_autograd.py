@@ -1,0 +1,137 @@
+"""The trainer's forward with autograd gives the rollout's bits, and its gradients are transformers'.
+
+`completion_logprobs` with the weights requiring grad runs every kernel through kernels.autograd:
+the forward bits must equal the no-grad forward (so the first minibatch's ratio is exactly 1),
+and the gradient of a loss on them must match transformers' autograd on the same checkpoint.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from detent_rl.models import load_model
+from detent_rl.models.context import set_context
+from detent_rl.models.runner import Span, completion_logprobs, step_inputs
+from detent_rl.rollout.engine import Engine
+from detent_rl.rollout.sequence import SamplingParams
+from test_models import LIMITS, hf_model, save, sequences
+
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _batch(seed: int) -> tuple[list[tuple[list[int], int]], list[float]]:
+    seqs = sequences(seed, (9, 23, 40))
+    return [(s, p) for s, p in zip(seqs, (4, 17, 1))], [1.0, 0.7, 1.0]
+
+
+def _hf_grads(hf, batch, temps) -> dict[str, torch.Tensor]:
+    hf.zero_grad()
+    loss = 0.0
+    for (tokens, n_prompt), t in zip(batch, temps):
+        ids = torch.tensor([tokens])
+        logits = hf(ids).logits[0, n_prompt - 1:len(tokens) - 1].float() / t
+        lp = torch.log_softmax(logits, -1).gather(1, ids[0, n_prompt:, None])[:, 0]
+        loss = loss + lp.sum()
+    loss.backward()
+    return {n: p.grad for n, p in hf.named_parameters() if p.grad is not None}
+
+
+def _ours_as_hf(name: str, grad: torch.Tensor, model) -> dict[str, torch.Tensor]:
+    parts = name.split(".")
+    if len(parts) >= 2 and parts[-2] in FUSED:
+        module = model.get_submodule(".".join(parts[:-1]))
+        sizes = [module.offsets[s][1] for s in module.offsets]
+        return {".".join(parts[:-2] + [hf, parts[-1]]): g
+                for hf, g in zip(FUSED[parts[-2]], grad.split(sizes))}
+    return {name: grad}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_forward_with_grad_has_the_no_grad_bits_and_transformers_gradients(tmp_path, family):
+    hf = hf_model(family)
+    model = load_model(save(hf, tmp_path), "detent", dtype=torch.float32, **LIMITS)
+    batch, temps = _batch(seed=3)
+    with torch.no_grad():
+        plain = completion_logprobs(model, batch, temps)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    with_grad = completion_logprobs(model, batch, temps)
+    assert all(torch.equal(a, b.detach()) for a, b in zip(plain, with_grad)), "the ratio would not be 1.0"
+    torch.stack([x.sum() for x in with_grad]).sum().backward()
+    want = _hf_grads(hf.float(), batch, temps)
+    got = {}
+    for name, p in model.named_parameters():
+        got.update(_ours_as_hf(name, p.grad, model))
+    if "lm_head.weight" not in got and "lm_head.weight" in want:  # tied: one tensor's gradient
+        got["lm_head.weight"] = got["model.embed_tokens.weight"]
+    assert set(got) == set(want)
+    for name, g in want.items():
+        err = (got[name] - g).norm() / g.norm().clamp(min=1e-12)
+        assert err < 2e-4, f"{name}: relative gradient error {err:.2e}"
+
+
+def test_bf16_forward_with_grad_has_the_rollout_bits(tmp_path):
+    model = load_model(save(hf_model("qwen2"), tmp_path), "detent", dtype=torch.bfloat16, **LIMITS)
+    params = [SamplingParams(seed=s, temperature=1.0, max_tokens=6) for s in (1, 2, 3)]
+    rolled = Engine(model, num_blocks=32).generate(sequences(5, (5, 18, 33)), params)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    trained = completion_logprobs(model, [(s.tokens, s.num_prompt) for s in rolled], [1.0] * 3)
+    assert [t.tolist() for t in trained] == [s.logprobs for s in rolled]
+    trained[0].sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_stock_arm_with_grad_does_not_reproduce_the_rollout(tmp_path):
+    """Negative control of the check above (fp32, where the CPU stock arm visibly reads the batch)."""
+    model = load_model(save(hf_model("qwen2"), tmp_path), "stock", dtype=torch.float32, **LIMITS)
+    params = [SamplingParams(seed=s, temperature=1.0, max_tokens=6) for s in range(8)]
+    rolled = Engine(model, num_blocks=64).generate(sequences(5, (5, 18, 33, 7, 12, 20, 9, 30)), params)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    trained = completion_logprobs(model, [(s.tokens, s.num_prompt) for s in rolled], [1.0] * 8)
+    assert [t.tolist() for t in trained] != [s.logprobs for s in rolled]
+
+
+def test_a_cached_prefix_is_refused_under_grad(tmp_path):
+    model = load_model(save(hf_model("qwen2"), tmp_path), "detent", dtype=torch.float32, **LIMITS)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    caches = model.allocate_kv_cache(4)
+    ids, pos, ctx = step_inputs(model, caches, [Span([1, 2, 3], 5, [0, 1])])
+    with set_context(ctx), pytest.raises(ValueError, match="prefill every sequence from position 0"):
+        model(ids, pos)
+    with pytest.raises(ValueError, match="prompt length 3 must be >= 1 and leave a completion"):
+        completion_logprobs(model, [([1, 2, 3], 3)], [1.0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_gpu_forward_with_grad_has_the_rollout_bits_and_close_gradients(tmp_path, dtype):
+    hf = hf_model("qwen2")
+    model = load_model(save(hf, tmp_path), "detent", device="cuda", dtype=dtype, **LIMITS)
+    params = [SamplingParams(seed=s, temperature=1.0, max_tokens=6) for s in (1, 2, 3)]
+    rolled = Engine(model, num_blocks=32).generate(sequences(5, (5, 18, 33)), params)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    batch = [(s.tokens, s.num_prompt) for s in rolled]
+    trained = completion_logprobs(model, batch, [1.0] * 3)
+    assert [t.tolist() for t in trained] == [s.logprobs for s in rolled]
+    torch.stack([x.sum() for x in trained]).sum().backward()
+    if dtype == torch.float32:
+        want = _hf_grads(hf.float(), batch, [1.0] * 3)
+        got = {}
+        for name, p in model.named_parameters():
+            got.update(_ours_as_hf(name, p.grad.cpu(), model))
+        for name, g in want.items():
+            if name in got:
+                err = (got[name] - g).norm() / g.norm().clamp(min=1e-12)
+                assert err < 1e-2, f"{name}: relative gradient error {err:.2e}"  # TF32-free, split orders differ
