@@ -1,0 +1,125 @@
+"""The GRPO trainer: advantages and loss arithmetic, ratio exactly 1.0 on the first minibatch, the
+policy moving toward positive advantages, micro-batch accumulation, weight sync hashes, state."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from detent_rl.models import load_model
+from detent_rl.rollout.engine import Engine
+from detent_rl.rollout.sequence import SamplingParams
+from detent_rl.trainer.grpo import LossConfig, group_advantages, normalizer, sequence_loss
+from detent_rl.trainer.trainer import OptimConfig, Sample, Trainer, weights_sha256
+from test_models import LIMITS, hf_model, save, sequences
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_group_advantages_grpo_and_dr_grpo():
+    r = [1.0, 0.0, 0.0, 1.0, 2.0, 2.0]
+    assert group_advantages(r, 2, std=False) == [0.5, -0.5, -0.5, 0.5, 0.0, 0.0]
+    g = group_advantages(r, 2, std=True, eps=0.0 + 1e-6)
+    assert g[0] == pytest.approx(1.0, rel=1e-5) and g[1] == pytest.approx(-1.0, rel=1e-5) and g[4] == 0.0
+    with pytest.raises(ValueError, match="do not split into groups of 4"):
+        group_advantages(r, 4, std=True)
+
+
+def test_sequence_loss_ratio_clip_tis_and_kl():
+    lp = torch.tensor([-1.0, -2.0, -0.5])
+    cfg = LossConfig(clip_low=0.2, clip_high=0.28)
+    loss, st = sequence_loss(lp.clone(), lp.clone(), lp.clone(), 2.0, cfg)
+    assert st["ratio_ones"] == 3 and loss.item() == -6.0  # ratio 1: -A per token
+    new = lp + math.log(1.5)  # ratio 1.5 > 1.28: the clipped term is the min for A > 0
+    loss, st = sequence_loss(new, lp, lp, 1.0, cfg)
+    assert loss.item() == pytest.approx(-3 * 1.28) and st["clipped"] == 3
+    loss, _ = sequence_loss(new, lp, lp, -1.0, cfg)  # A < 0: min picks the unclipped -1.5 * -1... i.e. 1.5
+    assert loss.item() == pytest.approx(3 * 1.5)
+    tis = LossConfig(tis_cap=2.0)
+    loss, _ = sequence_loss(lp.clone(), lp, lp - math.log(4.0), 1.0, tis)  # w = min(4, 2) = 2
+    assert loss.item() == pytest.approx(-6.0)
+    ref = lp - 0.1
+    for est, want in (("k1", 0.1), ("k3", math.exp(-0.1) + 0.1 - 1)):
+        loss, st = sequence_loss(lp.clone(), lp, lp, 0.0, LossConfig(kl_coef=1.0, kl_estimator=est), ref)
+        assert loss.item() == pytest.approx(3 * want, rel=1e-5)
+    assert normalizer([3, 5], LossConfig()) == 8 and normalizer([3, 5], LossConfig(aggregation="seq-mean-token-sum")) == 2
+    with pytest.raises(ValueError, match="aggregation"):
+        LossConfig(aggregation="mean")
+
+
+def _rollout(model, n_prompts=2, group=3, max_tokens=6):
+    prompts = sequences(11, tuple(9 + 7 * i for i in range(n_prompts)))
+    params = [SamplingParams(seed=100 + i, temperature=1.0, max_tokens=max_tokens) for i in range(n_prompts * group)]
+    seqs = Engine(model, num_blocks=64).generate([p for p in prompts for _ in range(group)], params)
+    return [Sample(f"r{i}", s.tokens, s.num_prompt, s.logprobs, 1.0) for i, s in enumerate(seqs)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_first_minibatch_ratio_is_exactly_one_and_the_policy_moves(tmp_path, dtype):
+    path = save(hf_model("qwen2"), tmp_path)
+    model = load_model(path, "detent", dtype=dtype, **LIMITS)
+    samples = _rollout(model)
+    for s, a in zip(samples, group_advantages([1.0, 0.0, 0.0, 0.0, 1.0, 0.0], 3, std=True)):
+        s.advantage = a
+    trainer = Trainer(model, OptimConfig(lr=1e-3, micro_batch_size=2, updates_per_batch=2), LossConfig())
+    old = trainer.rescore(samples)
+    assert [o.tolist() for o in old] == [s.rollout_logprobs for s in samples]  # bit-equal rescore
+    before = weights_sha256(model)
+    stats = trainer.train(samples, old)
+    assert stats["first_minibatch_ratio_ones"] == 1.0, "the first minibatch's ratios must be exactly 1.0"
+    assert weights_sha256(model) != before
+    after = trainer.rescore(samples)
+    gain = [float((a - o).sum()) for a, o in zip(after, old)]
+    assert gain[0] > 0 and gain[4] > 0, "positive-advantage samples must become more likely"
+    # the engine receives exactly the compute weights
+    engine_model = load_model(path, "detent", dtype=dtype, **LIMITS)
+    Engine(engine_model, num_blocks=8).update_weights(trainer.compute_weights())
+    assert weights_sha256(engine_model) == weights_sha256(model)
+
+
+def test_micro_batches_accumulate_to_the_whole_minibatch(tmp_path):
+    path = save(hf_model("qwen2"), tmp_path)
+    results = []
+    for micro in (1, 6):
+        model = load_model(path, "detent", dtype=torch.float32, **LIMITS)
+        samples = _rollout(model)
+        for s, a in zip(samples, (1.0, -1.0, 0.5, 0.0, 2.0, -2.0)):
+            s.advantage = a
+        trainer = Trainer(model, OptimConfig(lr=1e-3, micro_batch_size=micro, grad_clip=0.0), LossConfig())
+        grads, step = [], trainer.opt.step
+        trainer.opt.step = lambda: grads.extend(m.grad.clone() for m in trainer.master) or step()
+        stats = trainer.train(samples, trainer.rescore(samples))
+        results.append((stats, grads))
+    (a, ga), (b, gb) = results
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    assert len(ga) == len(gb) > 0
+    assert all(torch.allclose(x, y, rtol=1e-4, atol=1e-7) for x, y in zip(ga, gb))
+
+
+def test_state_round_trip_continues_identically(tmp_path):
+    path = save(hf_model("qwen2"), tmp_path)
+
+    def fresh():
+        model = load_model(path, "detent", dtype=torch.float32, **LIMITS)
+        return model, Trainer(model, OptimConfig(lr=1e-3, lr_schedule="cosine", warmup_steps=1, total_steps=4),
+                              LossConfig())
+
+    model, trainer = fresh()
+    samples = _rollout(model)
+    for s, a in zip(samples, (1.0, -1.0, 0.5, 0.0, 2.0, -2.0)):
+        s.advantage = a
+    trainer.train(samples, trainer.rescore(samples))
+    state = trainer.state_dict()
+    model2, trainer2 = fresh()
+    trainer2.load_state_dict(state)
+    assert weights_sha256(model2) == weights_sha256(model)
+    s1 = trainer.train(samples, trainer.rescore(samples))
+    s2 = trainer2.train(samples, trainer2.rescore(samples))
+    assert s1 == s2 and weights_sha256(model2) == weights_sha256(model)

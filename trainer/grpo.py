@@ -1,0 +1,83 @@
+"""GRPO's arithmetic: group-normalised advantages and the clipped policy loss, as pure functions.
+
+Advantages. Rewards come in groups of `group_size` samples of one prompt, in order. A sample's
+advantage is its reward minus its group's mean, divided by the group's standard deviation
+(unbiased=False) + eps when `std` is on (GRPO), left undivided when off (Dr.GRPO).
+
+Loss per token t of a sequence with advantage A:
+
+    ratio  = exp(logp_new - logp_old)                 logp_old: the trainer's rescore before the update
+    pg     = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)     (DAPO's clip-higher)
+    w      = min(exp(logp_old - logp_rollout), tis_cap)   truncated importance sampling (off: w = 1)
+    kl     = k1: logp_new - logp_ref;  k3: exp(logp_ref - logp_new) - (logp_ref - logp_new) - 1
+    loss_t = w * pg + kl_coef * kl
+
+With the detent arm logp_old == logp_rollout bit for bit, so w == 1 exactly, and on the first
+minibatch logp_new == logp_old, so ratio == 1.0 exactly for every token.
+
+Aggregation over a minibatch (micro-batches accumulate into it): "token-mean" sums every token's
+loss and divides by the minibatch's token count; "seq-mean-token-sum" sums each sequence's tokens
+and divides by the minibatch's sequence count. `normalizer` returns that divisor, so a micro-batch's
+share is `sum(its token or sequence terms) / normalizer(minibatch)` and shares add up exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+
+def group_advantages(rewards: Sequence[float], group_size: int, *, std: bool, eps: float = 1e-6) -> list[float]:
+    if group_size < 1 or len(rewards) % group_size:
+        raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size}")
+    r = torch.tensor(rewards, dtype=torch.float64).view(-1, group_size)
+    adv = r - r.mean(1, keepdim=True)
+    if std:
+        adv = adv / (r.std(1, unbiased=False, keepdim=True) + eps)
+    return adv.view(-1).tolist()
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    aggregation: str = "token-mean"  # or "seq-mean-token-sum"
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"  # or "k1"
+    tis_cap: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.aggregation not in ("token-mean", "seq-mean-token-sum"):
+            raise ValueError(f"aggregation must be token-mean or seq-mean-token-sum, got {self.aggregation!r}")
+        if self.kl_estimator not in ("k1", "k3"):
+            raise ValueError(f"kl_estimator must be k1 or k3, got {self.kl_estimator!r}")
+
+
+def normalizer(lengths: Sequence[int], cfg: LossConfig) -> int:
+    """The divisor of a minibatch whose sequences have these completion lengths."""
+    return sum(lengths) if cfg.aggregation == "token-mean" else len(lengths)
+
+
+def sequence_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, logp_rollout: torch.Tensor, advantage: float,
+                  cfg: LossConfig, logp_ref: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict]:
+    """(sum of this sequence's loss_t, token statistics); all 1-D fp32 over its completion."""
+    ratio = torch.exp(logp_new - logp_old)
+    a = torch.as_tensor(advantage, dtype=ratio.dtype, device=ratio.device)
+    clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    pg = -torch.minimum(ratio * a, clipped * a)
+    if cfg.tis_cap is not None:
+        pg = pg * torch.exp(logp_old - logp_rollout).clamp(max=cfg.tis_cap).detach()
+    loss = pg
+    kl = torch.zeros_like(pg)
+    if cfg.kl_coef:
+        if logp_ref is None:
+            raise ValueError("kl_coef > 0 needs the reference model's logprobs")
+        d = logp_ref - logp_new
+        kl = -d if cfg.kl_estimator == "k1" else torch.exp(d) - d - 1.0
+        loss = loss + cfg.kl_coef * kl
+    with torch.no_grad():
+        stats = {"ratio_sum": ratio.sum().item(), "ratio_min": ratio.min().item(), "ratio_max": ratio.max().item(),
+                 "ratio_ones": int((ratio == 1.0).sum().item()),
+                 "clipped": int((ratio != clipped).sum().item()), "kl_sum": kl.sum().item(), "tokens": ratio.numel()}
+    return loss.sum(), stats

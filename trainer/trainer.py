@@ -1,0 +1,213 @@
+"""The GRPO trainer: the engine's model code and kernels in training mode, fp32 master weights.
+
+Weights. The model's parameters are the *compute* weights, in the model dtype (bf16 in the BF16
+recipe); the optimizer owns an fp32 master copy. After each optimizer step the masters are rounded
+into the compute weights in place, and those compute weights — exactly — are what the rollout
+engine receives (`compute_weights`, with `weights_sha256` checked on both sides).
+
+A step: `rescore` recomputes every sample's completion logprobs with no grad (the bit-check's
+right-hand side, and GRPO's logp_old); `train` splits the batch into `updates_per_batch`
+minibatches, each one optimizer step accumulated over micro-batches of `micro_batch_size`
+sequences: a grad-enabled forward through the same kernels (kernels.autograd — the same bits as
+`rescore`, so the first minibatch's ratios are exactly 1.0), the GRPO loss, backward, and the
+micro-batch's bf16 gradients added into the fp32 masters' gradients. Then clipping, AdamW, the
+learning-rate schedule (per optimizer step), and the rounding back into the compute weights.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from detent_rl.models.model import CausalLM
+from detent_rl.models.runner import completion_logprobs
+from detent_rl.trainer.grpo import LossConfig, normalizer, sequence_loss
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-6
+    lr_schedule: str = "constant"  # constant | linear | cosine (decay to 0 over the run, after warm-up)
+    warmup_steps: int = 0  # optimizer steps
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 = off
+    micro_batch_size: int = 8
+    updates_per_batch: int = 1
+    total_steps: int = 1  # rollout steps of the run; optimizer steps = total_steps * updates_per_batch
+
+
+@dataclass
+class Sample:
+    """One rollout sequence: what the engine returned plus what GRPO attaches to it."""
+    request_id: str
+    tokens: list[int]
+    num_prompt: int
+    rollout_logprobs: list[float]  # the engine's decode-time values, never replaced by a rescore
+    temperature: float
+    seed: int = 0
+    reward: float = 0.0
+    advantage: float = 0.0
+    meta: dict = field(default_factory=dict)
+
+
+def weights_sha256(named: dict[str, torch.Tensor] | CausalLM) -> str:
+    """sha256 over (name, dtype, shape, bytes) of every weight in name order."""
+    items = dict(named.named_parameters()) if isinstance(named, CausalLM) else named
+    h = hashlib.sha256()
+    for name in sorted(items):
+        t = items[name].detach().contiguous().cpu()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _lr_factor(cfg: OptimConfig):
+    total = max(1, cfg.total_steps * cfg.updates_per_batch)
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.lr_schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+        if cfg.lr_schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return factor
+
+
+class Trainer:
+    def __init__(self, model: CausalLM, optim: OptimConfig, loss: LossConfig,
+                 ref_model: Optional[CausalLM] = None) -> None:
+        if optim.lr_schedule not in ("constant", "linear", "cosine"):
+            raise ValueError(f"lr_schedule must be constant, linear or cosine, got {optim.lr_schedule!r}")
+        if optim.micro_batch_size < 1 or optim.updates_per_batch < 1:
+            raise ValueError("micro_batch_size and updates_per_batch must be >= 1")
+        if loss.kl_coef and ref_model is None:
+            raise ValueError("kl_coef > 0 needs a reference model")
+        self.model, self.optim_cfg, self.loss_cfg, self.ref_model = model, optim, loss, ref_model
+        self.names = [n for n, _ in model.named_parameters()]  # a tied head appears once
+        self.params = [p for _, p in model.named_parameters()]
+        self.master = [torch.nn.Parameter(p.detach().float().clone()) for p in self.params]
+        self.opt = torch.optim.AdamW(self.master, lr=optim.lr, betas=optim.betas, eps=optim.eps,
+                                     weight_decay=optim.weight_decay, foreach=False)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_factor(optim))
+
+    def _micro(self, samples: list[Sample]) -> list[list[Sample]]:
+        n = self.optim_cfg.micro_batch_size
+        return [samples[i:i + n] for i in range(0, len(samples), n)]
+
+    def _logprobs(self, model: CausalLM, samples: list[Sample]) -> list[torch.Tensor]:
+        return completion_logprobs(model, [(s.tokens, s.num_prompt) for s in samples],
+                                   [s.temperature for s in samples])
+
+    @torch.no_grad()
+    def rescore(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """Every sample's completion logprobs, fp32 on the CPU, computed the training forward's way."""
+        out = []
+        for micro in self._micro(samples):
+            out.extend(t.cpu() for t in self._logprobs(self.model, micro))
+        return out
+
+    def train(self, samples: list[Sample], old_logprobs: list[torch.Tensor]) -> dict:
+        """`updates_per_batch` optimizer steps over the batch; returns the step's statistics."""
+        if len(samples) != len(old_logprobs):
+            raise ValueError(f"{len(samples)} samples but {len(old_logprobs)} old logprob tensors")
+        k = self.optim_cfg.updates_per_batch
+        size = -(-len(samples) // k)
+        stats = {"ratio_sum": 0.0, "ratio_min": math.inf, "ratio_max": -math.inf, "ratio_ones": 0, "clipped": 0,
+                 "kl_sum": 0.0, "tokens": 0}
+        losses, norms, first_ratio = [], [], None
+        for m in range(0, len(samples), size):
+            mb, old = samples[m:m + size], old_logprobs[m:m + size]
+            loss, norm, mb_stats = self._update(mb, old)
+            losses.append(loss)
+            norms.append(norm)
+            if first_ratio is None:
+                first_ratio = mb_stats["ratio_ones"] / max(1, mb_stats["tokens"])
+            for key in ("ratio_sum", "ratio_ones", "clipped", "kl_sum", "tokens"):
+                stats[key] += mb_stats[key]
+            stats["ratio_min"] = min(stats["ratio_min"], mb_stats["ratio_min"])
+            stats["ratio_max"] = max(stats["ratio_max"], mb_stats["ratio_max"])
+        t = max(1, stats["tokens"])
+        return {"loss": sum(losses) / len(losses), "grad_norm": max(norms), "lr": self.sched.get_last_lr()[0],
+                "ratio_mean": stats["ratio_sum"] / t, "ratio_min": stats["ratio_min"], "ratio_max": stats["ratio_max"],
+                "clip_frac": stats["clipped"] / t, "kl_ref": stats["kl_sum"] / t,
+                "first_minibatch_ratio_ones": first_ratio, "train_tokens": stats["tokens"]}
+
+    def _update(self, samples: list[Sample], old: list[torch.Tensor]) -> tuple[float, float, dict]:
+        cfg = self.loss_cfg
+        norm = normalizer([len(s.tokens) - s.num_prompt for s in samples], cfg)
+        for mp in self.master:
+            mp.grad = torch.zeros_like(mp)
+        total, agg = 0.0, {"ratio_sum": 0.0, "ratio_min": math.inf, "ratio_max": -math.inf, "ratio_ones": 0,
+                           "clipped": 0, "kl_sum": 0.0, "tokens": 0}
+        for p in self.params:
+            p.requires_grad_(True)
+        try:
+            at = 0
+            for micro in self._micro(samples):
+                olds = old[at:at + len(micro)]
+                at += len(micro)
+                new = self._logprobs(self.model, micro)
+                refs = [None] * len(micro)
+                if cfg.kl_coef:
+                    with torch.no_grad():
+                        refs = self._logprobs(self.ref_model, micro)
+                loss = None
+                for s, n, o, r in zip(micro, new, olds, refs):
+                    o = o.to(n.device)
+                    roll = torch.tensor(s.rollout_logprobs, dtype=torch.float32, device=n.device)
+                    part, st = sequence_loss(n, o, roll, s.advantage, cfg, r)
+                    loss = part if loss is None else loss + part
+                    for key in ("ratio_sum", "ratio_ones", "clipped", "kl_sum", "tokens"):
+                        agg[key] += st[key]
+                    agg["ratio_min"] = min(agg["ratio_min"], st["ratio_min"])
+                    agg["ratio_max"] = max(agg["ratio_max"], st["ratio_max"])
+                loss = loss / norm
+                loss.backward()
+                total += loss.item()
+                for mp, p in zip(self.master, self.params):
+                    if p.grad is not None:
+                        mp.grad += p.grad.float()
+                        p.grad = None
+        finally:
+            for p in self.params:
+                p.requires_grad_(False)
+                p.grad = None
+        clip = self.optim_cfg.grad_clip
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.master, clip if clip > 0 else math.inf).item()
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for p, mp in zip(self.params, self.master):
+                p.copy_(mp)  # round the fp32 master into the compute dtype
+        return total, grad_norm, agg
+
+    # ---- weights and state -------------------------------------------------------------------
+    def compute_weights(self) -> dict[str, torch.Tensor]:
+        """The compute weights by the model's own names (what the engine's update_weights takes)."""
+        return {n: p.detach().cpu() for n, p in zip(self.names, self.params)}
+
+    def state_dict(self) -> dict:
+        """A snapshot (copies: the trainer goes on updating its own tensors in place)."""
+        return copy.deepcopy({"master": {n: m.detach().cpu() for n, m in zip(self.names, self.master)},
+                              "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()})
+
+    def load_state_dict(self, state: dict) -> None:
+        missing = sorted(set(self.names) - set(state["master"]))
+        if missing:
+            raise ValueError(f"trainer state lacks master weights {missing[:5]}")
+        with torch.no_grad():
+            for n, mp, p in zip(self.names, self.master, self.params):
+                mp.copy_(state["master"][n])
+                p.copy_(mp)
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
