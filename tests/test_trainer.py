@@ -84,6 +84,7 @@ def test_first_minibatch_ratio_is_exactly_one_and_the_policy_moves(tmp_path, dty
     assert weights_sha256(engine_model) == weights_sha256(model)
 
 
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
 def test_micro_batches_accumulate_to_the_whole_minibatch(tmp_path):
     path = save(hf_model("qwen2"), tmp_path)
     results = []
