@@ -53,6 +53,8 @@ class Scheduler:
         for seq in list(self.running):
             if budget == 0:
                 break
+            if seq.status is not Status.RUNNING:  # preempted earlier in this loop for an older request
+                continue
             if seq.num_computed < len(seq) - 1:  # an unfinished prefill: the next chunk
                 n = min(self.chunk_size, len(seq) - seq.num_computed, budget)
                 spans.append(Span(seq, seq.num_computed, n))

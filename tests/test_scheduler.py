@@ -69,3 +69,20 @@ def test_a_prefix_hit_skips_the_cached_blocks():
     sched.add(b)
     first = sched.schedule()
     assert [(s.start, s.count) for s in first] == [(16, 2)]  # blocks 0-3 were a's
+
+
+def test_a_request_preempted_in_the_running_loop_is_not_scheduled():
+    """An older request's decode preempts the newest one, which comes later in the same loop."""
+    from detent_rl.rollout.block_manager import BlockManager
+    from detent_rl.rollout.scheduler import Scheduler
+    from detent_rl.rollout.sequence import SamplingParams, Sequence, Status
+    blocks = BlockManager(4, 16)
+    sched = Scheduler(blocks, max_num_seqs=8, max_num_tokens=64, chunk_size=8)
+    a = Sequence(list(range(16)), SamplingParams(seed=0, max_tokens=4), 16)
+    b = Sequence(list(range(100, 140)), SamplingParams(seed=1, max_tokens=4), 16)
+    sched.add(a)
+    sched.add(b)
+    for _ in range(4):
+        spans = sched.schedule()
+        assert all(s.seq.status is Status.RUNNING and s.seq.block_table for s in spans)
+        sched.postprocess(spans, {s.seq.seq_id: (1, -0.5) for s in spans if s.samples})

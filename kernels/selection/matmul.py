@@ -54,10 +54,13 @@ def matmul(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[int], sme
     row = GEMM_TILES[bucket]
     # a short K cannot feed every split-K part: split no further than K has blocks
     k_blocks = (k + row.block_k - 1) // row.block_k
+    # as Triton's autotuner prunes: no more pipeline stages than shared memory holds (fp32 tiles are twice
+    # the bytes of the bf16 ones the table was written for)
+    stage = (row.block_m + row.block_n) * row.block_k * dtype_bytes
+    stages = min(row.num_stages, smem_bytes // stage)
     tile = GemmTile(block_m=row.block_m, block_n=row.block_n, block_k=row.block_k, group_m=row.group_m,
-                    num_warps=row.num_warps, num_stages=row.num_stages, split_k=min(row.split_k, k_blocks))
-    stage = (tile.block_m + tile.block_n) * tile.block_k * dtype_bytes
-    require(stage * tile.num_stages <= smem_bytes, "the pipelined tiles must fit in shared memory")
+                    num_warps=row.num_warps, num_stages=stages, split_k=min(row.split_k, k_blocks))
+    require(stages >= 1, "one stage of the tiles must fit in shared memory")
     return {"tile": tile, "pad_m": pad}
 
 
