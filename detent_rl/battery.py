@@ -1,0 +1,465 @@
+"""`python -m detent_rl.battery`: the batch-invariance battery of the DETENT evaluation.
+
+A cell runs one target request twice, in a reference batch state and in a changed one, on the same
+model, and compares the bits of the target's first 16 output logprobs (and its tokens). Each cell
+is run twice: greedy (T = 0) and seeded sampling (T = 1). Comparing logprob bits also catches a
+logit change that leaves the tokens alone. The cells, 26 as in the paper plus 9 strong cells and
+one rollout-vs-rescore cell:
+
+- rerun (2): the same batch again on a fresh engine (reproducibility);
+- cobatch (14): other co-running requests, other chunking and token budgets, late admission, pages
+  that held other requests' keys, a co-batched request sharing the target's prefix;
+- row (4): the same batch with the target moved to another row;
+- prefix (6): 1 to 6 full blocks of the target's prompt already in the prefix cache, left by an
+  earlier request sharing that prefix; the hit is checked through `Sequence.num_cached`;
+- strong (9): 1, 8 or 32 short, long or mixed neighbours, the target at a random row;
+- rescore (1): the rollout's logprobs against the trainer's one-shot prefill (`Engine.rescore`).
+
+Every run gets a fresh engine, so no cell sees another's cache. With the detent or det selections
+every cell must pass. The stock arm is the negative control: its selection reads the batch, so
+some cells must fail, or the battery proves nothing. The built-in models have seeded random
+weights scaled so that greedy decoding does not collapse into one repeated token.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import math
+import random
+import struct
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from detent_rl.kernels.selections import ARMS, KernelSelections
+from detent_rl.models.config import ModelConfig, ModelConfigError
+from detent_rl.models.gguf import GGUFError, ModelFetchError, smollm2_checkpoint
+from detent_rl.models.loader import CheckpointError, load_model
+from detent_rl.models.model import CausalLM, deployment_for
+from detent_rl.rollout.engine import Engine
+from detent_rl.rollout.sequence import SamplingParams
+
+NUM_COMPARED = 16  # output logprobs compared per run, as in the paper
+MODES = {"T=0": 0.0, "T=1": 1.0}  # greedy, and seeded sampling at temperature 1
+TARGET_SEED = 20240601
+PREFIX_BLOCKS = 6  # the target's prompt has this many full pages (plus a partial one)
+# Stock's fp32 matmul tile for M > 256 does not fit shared memory (its selection refuses it), so
+# steps stay within 256 tokens by default; every arm runs the same engine limits.
+DEFAULT_STEP_TOKENS = 256
+PAGE_SIZE = 16
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+_QWEN = dict(rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=32768)
+BUILTIN_MODELS = {
+    # small enough for every cell of one arm in about a minute on one CPU thread
+    "tiny-qwen2": dict(_QWEN, model_type="qwen2", vocab_size=2048, hidden_size=256, intermediate_size=512,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+    "qwen2-0.5b": dict(_QWEN, model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                       num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2),
+    "qwen3-0.6b": dict(_QWEN, model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                       attention_bias=False, max_position_embeddings=40960),
+}
+EMBED_STD, BIAS_STD, LOGIT_STD = 0.02, 0.02, 3.0
+SMOLLM2 = "smollm2-135m-instruct"  # real weights: `detent_rl.models.gguf.smollm2_checkpoint()`
+
+
+class BatteryError(ValueError):
+    """A battery that cannot run as asked: an unknown arm, model or cell, a missing device."""
+
+
+# ---------------------------------------------------------------------------------------------
+# models
+
+def random_model(config: ModelConfig, arm: str, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                 seed: int = 0) -> CausalLM:
+    """`config` with seeded random weights (the same for every arm on one device)."""
+    deployment = deployment_for(config, dtype, page_size=PAGE_SIZE)
+    model = CausalLM(config, KernelSelections(deployment, arm), device, dtype)
+    init_random(model, seed)
+    return model
+
+
+@torch.no_grad()
+def init_random(model: CausalLM, seed: int) -> None:
+    """Seeded weights with unit-gain projections, small embeddings and a final norm that gives
+    logits of std ~LOGIT_STD. A small embedding keeps a tied head from echoing the input token;
+    unit-gain q/k make attention content-dependent, so outputs vary along the sequence."""
+    g = torch.Generator(device=model.device).manual_seed(seed)
+    hidden = model.config.hidden_size
+    for name, p in model.named_parameters():  # a tied head appears once, as the embedding
+        if name == "model.norm.weight":
+            value = torch.full(p.shape, LOGIT_STD / (EMBED_STD * math.sqrt(hidden)), device=p.device)
+        elif "norm" in name:
+            value = torch.ones(p.shape, device=p.device)
+        else:
+            std = (BIAS_STD if p.dim() == 1 else EMBED_STD if name in ("model.embed_tokens.weight", "lm_head.weight")
+                   else 1 / math.sqrt(p.shape[1]))
+            value = torch.randn(p.shape, generator=g, device=p.device) * std
+        p.copy_(value.to(p.dtype))
+
+
+def checkpoint_dir(model: str) -> Path:
+    """The checkpoint directory of `model`: a path, or a named real checkpoint (converted once)."""
+    if model == SMOLLM2:
+        return smollm2_checkpoint()
+    path = Path(model)
+    if not path.is_dir():
+        raise BatteryError(f"model {model!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}, {SMOLLM2}) "
+                           f"nor a checkpoint directory: {path.resolve()} does not exist")
+    return path
+
+
+def model_config(model: str) -> ModelConfig:
+    """The config of a built-in random-weight model by name, or of `model`'s checkpoint."""
+    if model in BUILTIN_MODELS:
+        return ModelConfig.from_dict(BUILTIN_MODELS[model], source=f"built-in model {model}")
+    return ModelConfig.from_file(checkpoint_dir(model))
+
+
+def open_model(model: str, arm: str, device: str, dtype: torch.dtype, seed: int = 0) -> CausalLM:
+    """A built-in model by name (seeded random weights), or `model`'s checkpoint."""
+    if model in BUILTIN_MODELS:
+        return random_model(model_config(model), arm, device, dtype, seed)
+    return load_model(checkpoint_dir(model), arm, device, dtype, page_size=PAGE_SIZE)
+
+
+# ---------------------------------------------------------------------------------------------
+# cells
+
+@dataclass(frozen=True)
+class Request:
+    prompt: tuple[int, ...]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class Run:
+    """One batch state for the target: earlier `generate` calls on the same engine (their full
+    blocks stay in the prefix cache, their pages go back dirty), then one call of `neighbours` with
+    the target inserted at `row`, under the given engine limits. `expect_cached` is the prefix hit
+    the target's allocation must find (None: not checked); `rescore` replaces the rollout's
+    logprobs by the trainer's one-shot prefill of the finished sequence."""
+    neighbours: tuple[Request, ...] = ()
+    row: int = 0
+    before: tuple[tuple[Request, ...], ...] = ()
+    chunk_size: Optional[int] = None  # None: the step budget
+    max_num_tokens: Optional[int] = None  # None: the battery's step budget
+    max_num_seqs: int = 64
+    num_blocks: Optional[int] = None  # None: enough that nothing is preempted or evicted
+    expect_cached: Optional[int] = 0
+    rescore: bool = False
+    attempt: int = 0  # tells two reruns of one batch state apart
+
+
+@dataclass(frozen=True)
+class Cell:
+    name: str
+    group: str
+    what: str
+    reference: Run
+    changed: Run
+
+
+GROUPS = ("rerun", "cobatch", "row", "prefix", "strong", "rescore")
+
+
+def target_prompt(vocab: int, page_size: int, seed: int = 0) -> tuple[int, ...]:
+    """PREFIX_BLOCKS full pages and 5 tokens more, so prefix cells can hit 1..PREFIX_BLOCKS blocks."""
+    rng = random.Random(f"target/{seed}")
+    return tuple(rng.randrange(vocab) for _ in range(PREFIX_BLOCKS * page_size + 5))
+
+
+def build_cells(vocab: int, page_size: int, seed: int = 0) -> list[Cell]:
+    """The battery's cells for a model of `vocab` tokens and `page_size`-token pages."""
+    rng = random.Random(f"cells/{seed}")
+    target = target_prompt(vocab, page_size, seed)
+
+    def tokens(n: int) -> tuple[int, ...]:
+        return tuple(rng.randrange(vocab) for _ in range(n))
+
+    def params(max_tokens: Optional[int] = None) -> SamplingParams:
+        return SamplingParams(seed=rng.randrange(2**31), temperature=rng.choice([0.0, 0.7, 1.0]),
+                              top_k=rng.choice([0, 20]), top_p=rng.choice([1.0, 0.9]),
+                              max_tokens=max_tokens or rng.randint(1, 24))
+
+    def requests(n: int, kind: str = "short", max_tokens: Optional[int] = None) -> tuple[Request, ...]:
+        lengths = {"short": (4, 24), "long": (160, 320), "mixed": (4, 320)}[kind]
+        return tuple(Request(tokens(rng.randint(*lengths)), params(max_tokens)) for _ in range(n))
+
+    def sharing(blocks: int) -> Request:  # the target's first `blocks` pages, then tokens it lacks
+        cut = blocks * page_size
+        tail = tuple((t + 1) % vocab for t in target[cut:cut + 7])
+        return Request(target[:cut] + tail, params(2))
+
+    alone = Run()
+    batch8, batch16 = requests(7, "mixed"), requests(15, "mixed")
+    cells = [
+        Cell("rerun-alone", "rerun", "the target alone, run again", alone, Run(attempt=1)),
+        Cell("rerun-batch16", "rerun", "a 16-request batch, run again",
+             Run(batch16, row=5), Run(batch16, row=5, attempt=1)),
+    ]
+    cobatch = [
+        ("1-short", "one short neighbour", Run(requests(1))),
+        ("3-short", "three short neighbours", Run(requests(3), row=1)),
+        ("7-mixed", "seven neighbours of mixed length", Run(batch8)),
+        ("15-mixed", "fifteen neighbours of mixed length", Run(batch16, row=5)),
+        ("31-short", "31 short neighbours: a decode batch of 32", Run(requests(31, max_tokens=24), row=9)),
+        ("1-long", "a 300-token neighbour prefilled alongside", Run((Request(tokens(300), params(16)),))),
+        ("same-prompt", "three neighbours with the target's prompt and other seeds",
+         Run(tuple(Request(target, params(16)) for _ in range(3)))),
+        ("early-finish", "seven neighbours that stop after 1-3 tokens: the batch shrinks",
+         Run(tuple(Request(tokens(rng.randint(4, 40)), params(rng.randint(1, 3))) for _ in range(7)), row=3)),
+        ("late-join", "two sequence slots: nine neighbours join one by one while the target decodes",
+         Run(requests(9, "mixed", max_tokens=3), max_num_seqs=2)),
+        ("chunked", "the target alone, prefilled in 16-token chunks", Run(chunk_size=16)),
+        ("budget", "a 24-token step budget shared with three neighbours admitted first",
+         Run(requests(3, "mixed", max_tokens=20), row=3, max_num_tokens=24)),
+        ("admitted-late", "admitted behind three 120-token prefills under a 64-token budget",
+         Run(tuple(Request(tokens(120), params(20)) for _ in range(3)), row=3, max_num_tokens=64)),
+        ("dirty-pages", "after 4 other requests on the same engine: its pages held their keys",
+         Run(before=tuple((Request(tokens(rng.randint(60, 100)), params(8)),) for _ in range(4)),
+             num_blocks=-(-(len(target) + NUM_COMPARED) // page_size))),
+        ("prefix-in-flight", "a request ahead shares its 6 full blocks, prefilling them in 32-token chunks",
+         Run((Request(target[:PREFIX_BLOCKS * page_size] + tokens(150), params(4)),), row=1, chunk_size=32,
+             expect_cached=None)),
+    ]
+    cells += [Cell(f"cobatch-{n}", "cobatch", what, alone, run) for n, what, run in cobatch]
+    cells += [Cell(f"row-{r}", "row", f"the 8-request batch with the target at row {r}, not 0",
+                   Run(batch8), Run(batch8, row=r)) for r in (1, 3, 5, 7)]
+    cells += [Cell(f"prefix-{b}", "prefix", f"{b} block(s) ({b * page_size} tokens) of its prompt cached",
+                   alone, Run(before=((sharing(b),),), expect_cached=b * page_size))
+              for b in range(1, PREFIX_BLOCKS + 1)]
+    for n in (1, 8, 32):
+        for kind in ("short", "long", "mixed"):
+            cells.append(Cell(f"strong-{n}-{kind}", "strong", f"{n} {kind} neighbour(s), the target at a random row",
+                              alone, Run(requests(n, kind), row=rng.randint(0, n))))
+    cells.append(Cell("rescore", "rescore", "the rollout's logprobs vs the trainer's one-shot prefill",
+                      alone, Run(rescore=True)))
+    return cells
+
+
+def select_cells(cells: list[Cell], patterns: Optional[str]) -> list[Cell]:
+    """Cells whose name or group matches one of the comma-separated glob patterns (all if None)."""
+    if not patterns:
+        return cells
+    pats = [p.strip() for p in patterns.split(",") if p.strip()]
+    unmatched = [p for p in pats if not any(fnmatch.fnmatch(c.name, p) or c.group == p for c in cells)]
+    if unmatched:
+        raise BatteryError(f"--cells {unmatched} match no cell; groups: {', '.join(GROUPS)}; "
+                           f"cells: {', '.join(c.name for c in cells)}")
+    return [c for c in cells if any(fnmatch.fnmatch(c.name, p) or c.group == p for p in pats)]
+
+
+# ---------------------------------------------------------------------------------------------
+# running and comparing
+
+@dataclass(frozen=True)
+class Outcome:
+    """The target's first NUM_COMPARED tokens and logprobs in one run, and its prefix hit."""
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    cached: int
+
+
+@dataclass
+class Comparison:
+    mode: str
+    first_diff: Optional[int]  # the first position whose token or logprob bits differ; None: equal
+    detail: str = ""
+    error: bool = False  # a run raised (`detail` says what): the cell fails, the battery goes on
+
+    @property
+    def passed(self) -> bool:
+        return self.first_diff is None and not self.error
+
+    @property
+    def status(self) -> str:
+        return "ERROR" if self.error else "pass" if self.passed else f"FAIL@{self.first_diff}"
+
+
+@dataclass
+class CellResult:
+    cell: str
+    group: str
+    arm: str
+    comparisons: list[Comparison] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.comparisons)
+
+
+def _fp32_hex(x: float) -> str:
+    return f"0x{struct.unpack('<I', struct.pack('<f', x))[0]:08x}"
+
+
+def compare(ref: Outcome, got: Outcome, mode: str) -> Comparison:
+    """Tokens and logprob bits position by position (logprobs are fp32 values held in floats)."""
+    for i in range(NUM_COMPARED):
+        if ref.tokens[i] != got.tokens[i]:
+            return Comparison(mode, i, f"token {ref.tokens[i]} vs {got.tokens[i]}")
+        a, b = ref.logprobs[i], got.logprobs[i]
+        if struct.pack("<d", a) != struct.pack("<d", b):
+            return Comparison(mode, i, f"logprob {a!r} ({_fp32_hex(a)}) vs {b!r} ({_fp32_hex(b)})")
+    return Comparison(mode, None)
+
+
+class Battery:
+    """Runs cells on one model (one arm); each distinct (run, mode) is executed once."""
+
+    def __init__(self, model: CausalLM, step_tokens: int = DEFAULT_STEP_TOKENS, seed: int = 0) -> None:
+        limit = model.selections.deployment.max_num_tokens
+        if not 1 <= step_tokens <= limit:
+            raise BatteryError(f"step budget {step_tokens} is outside 1..{limit} (the deployment's max_num_tokens)")
+        self.model, self.step_tokens = model, step_tokens
+        self.target = target_prompt(model.config.vocab_size, model.page_size, seed)
+        self._outcomes: dict[tuple[Run, str], Outcome] = {}
+
+    def outcome(self, run: Run, mode: str) -> Outcome:
+        key = (run, mode)
+        if key not in self._outcomes:
+            self._outcomes[key] = self._execute(run, mode)
+        return self._outcomes[key]
+
+    def _execute(self, run: Run, mode: str) -> Outcome:
+        page = self.model.page_size
+        target = Request(self.target, SamplingParams(seed=TARGET_SEED, temperature=MODES[mode],
+                                                     max_tokens=NUM_COMPARED))
+        batch = list(run.neighbours)
+        batch.insert(run.row, target)
+        every = [r for call in run.before for r in call] + batch
+        blocks = run.num_blocks or sum(-(-(len(r.prompt) + r.params.max_tokens) // page) for r in every) + 4
+        budget = run.max_num_tokens or self.step_tokens
+        engine = Engine(self.model, num_blocks=blocks, max_num_seqs=run.max_num_seqs, max_num_tokens=budget,
+                        chunk_size=run.chunk_size or budget)
+        for call in run.before:
+            engine.generate([list(r.prompt) for r in call], [r.params for r in call])
+        seq = engine.generate([list(r.prompt) for r in batch], [r.params for r in batch])[run.row]
+        if run.expect_cached is not None and seq.num_cached != run.expect_cached:
+            raise BatteryError(f"{run}: the target found {seq.num_cached} prompt tokens in the prefix cache, "
+                               f"expected {run.expect_cached}; the cell would not test what it says")
+        if len(seq.completion) < NUM_COMPARED:
+            raise BatteryError(f"the target stopped after {len(seq.completion)} tokens, {NUM_COMPARED} are compared")
+        logprobs = engine.rescore(seq) if run.rescore else seq.logprobs
+        return Outcome(tuple(seq.completion[:NUM_COMPARED]), tuple(logprobs[:NUM_COMPARED]), seq.num_cached)
+
+    def run_cell(self, cell: Cell) -> CellResult:
+        result = CellResult(cell.name, cell.group, self.model.selections.arm)
+        for mode in MODES:
+            try:
+                comparison = compare(self.outcome(cell.reference, mode), self.outcome(cell.changed, mode), mode)
+            except Exception as e:  # an engine that crashes in one batch state fails that cell only
+                comparison = Comparison(mode, None, f"{type(e).__name__}: {e}", error=True)
+            result.comparisons.append(comparison)
+        return result
+
+    def reference_tokens(self) -> tuple[int, ...]:
+        """The target's greedy tokens alone: a few distinct ones mean a degenerate model."""
+        return self.outcome(Run(), "T=0").tokens
+
+
+def run_battery(model: CausalLM, cells: Sequence[Cell], *, step_tokens: int = DEFAULT_STEP_TOKENS, seed: int = 0,
+                progress: Optional[Callable[[CellResult], None]] = None) -> list[CellResult]:
+    """Every cell on `model` (its arm is the model's selections'); `progress` sees each result."""
+    battery = Battery(model, step_tokens, seed)
+    results = []
+    for cell in cells:
+        results.append(battery.run_cell(cell))
+        if progress:
+            progress(results[-1])
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# report and CLI
+
+def format_row(r: CellResult) -> str:
+    status = [c.status for c in r.comparisons]
+    first = next((c for c in r.comparisons if not c.passed), None)
+    note = f"{first.mode}: {first.detail}" if first else ""
+    return f"{r.cell:<25} {r.group:<8} {r.arm:<7} {status[0]:<8} {status[1]:<8} {note}".rstrip()
+
+
+def header() -> str:
+    return f"{'cell':<25} {'group':<8} {'arm':<7} {'T=0':<8} {'T=1':<8} first difference"
+
+
+def parse_arms(text: str) -> list[str]:
+    arms = list(ARMS) if text == "all" else [a.strip() for a in text.split(",") if a.strip()]
+    bad = [a for a in arms if a not in ARMS]
+    if bad or not arms:
+        raise BatteryError(f"unknown arm(s) {bad or [text]}; expected one of {', '.join(ARMS)}, a comma list, or all")
+    return arms
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m detent_rl.battery", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arm", default="detent", help="stock, det, detent, a comma list, or all (default detent)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--model", default="tiny-qwen2",
+                    help=f"a built-in random-weight model ({', '.join(BUILTIN_MODELS)}), {SMOLLM2} (real weights, "
+                    f"converted once from its GGUF) or an HF checkpoint directory")
+    ap.add_argument("--dtype", choices=tuple(DTYPES),
+                    help="default: fp32 on cpu (where stock's split-K changes bits), bf16 on cuda")
+    ap.add_argument("--cells", help="comma-separated cell names, groups or glob patterns (default: all)")
+    ap.add_argument("--step-tokens", type=int, default=DEFAULT_STEP_TOKENS, help="token budget of an engine step")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1; 0 keeps torch's default)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the built-in weights and of the cells' prompts")
+    ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    ap.add_argument("--list", action="store_true", help="list the cells and exit")
+    args = ap.parse_args(argv)
+    try:
+        return _main(args)
+    except (BatteryError, ModelConfigError, CheckpointError, GGUFError, ModelFetchError) as e:
+        print(f"battery: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
+    arms = parse_arms(args.arm)
+    config = model_config(args.model)
+    cells = select_cells(build_cells(config.vocab_size, PAGE_SIZE, args.seed), args.cells)
+    if args.list:
+        for c in cells:
+            print(f"{c.name:<25} {c.group:<8} {c.what}")
+        return 0
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise BatteryError("--device cuda: no CUDA device is available")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    dtype_name = args.dtype or ("fp32" if args.device == "cpu" else "bf16")
+    print(f"battery: {args.model} on {args.device} in {dtype_name}, {len(cells)} cells x {len(MODES)} modes, "
+          f"arms {', '.join(arms)}")
+    print(header())
+    results, summary = [], []
+    for arm in arms:
+        start = time.perf_counter()
+        battery = Battery(open_model(args.model, arm, args.device, DTYPES[dtype_name], args.seed),
+                          args.step_tokens, args.seed)
+        arm_results = []
+        for cell in cells:
+            arm_results.append(battery.run_cell(cell))
+            print(format_row(arm_results[-1]), flush=True)
+        ref = battery.reference_tokens()
+        failed = sum(not r.passed for r in arm_results)
+        summary.append(f"{arm}: {len(cells) - failed}/{len(cells)} cells pass, {failed} fail "
+                       f"({time.perf_counter() - start:.0f} s; the target's greedy tokens: {len(set(ref))} "
+                       f"distinct of {len(ref)})")
+        results += arm_results
+    print("\n".join(summary))
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "model": args.model, "device": args.device, "dtype": dtype_name, "arms": arms,
+            "cells": [{"name": c.name, "group": c.group, "what": c.what} for c in cells],
+            "results": [asdict(r) | {"passed": r.passed} for r in results], "summary": summary}, indent=1))
+    return 0 if all(r.passed for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
