@@ -1,0 +1,564 @@
+"""Recipes: a YAML file (plus `key.sub=value` overrides) -> one frozen `Recipe`, validated on load.
+
+Invariants a loaded `Recipe` keeps:
+- Every key was known and every value had its annotated type. bool takes only true/false, int never
+  takes a bool, float takes ints (stored as float) and must be finite, tuples have their exact length.
+- Path values are absolute: `model.path`, `model.commitment`, a local `data.source` and `run.dir` are
+  resolved against the current working directory at load (not the recipe file's folder, so a path
+  on the command line and one in the file mean the same thing). `run.dir` defaults to runs/<run.name>.
+  Hence the resolved recipe saved in a run directory reloads to an equal Recipe from anywhere.
+- Cross-field rules hold (see `_validate`): exactly one of model.path / model.builtin; the model
+  directory has a config.json; a local dataset file exists; counts are positive; ranges are sane.
+Every bad input raises `RecipeError` with one line: `<recipe file>: <key path>: <what is wrong>`.
+Nothing here is written back after load: values derived at run time belong in runtime state.
+
+The YAML dialect is YAML 1.2's core scalars: only true/false are booleans (`cuda_graphs: on` stays
+the string 'on'), `1e-6` is a float, dates stay strings, and a key given twice is an error.
+The dataset, reward and reasoning_gym task names are only checked for form here; the data module
+imports them (importing reasoning_gym alone takes seconds).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal, Optional, Sequence, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"  # present in a source checkout
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")  # the local formats the data module reads
+_FILE_LIKE = DATA_SUFFIXES + (".csv", ".tsv", ".txt", ".arrow", ".gz", ".zip")  # refused, not sent to the hub
+REASONING_GYM = "reasoning_gym:"
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot run; the message is one line naming the file, the key path and the value."""
+
+
+@dataclass(frozen=True)
+class RunSection:
+    name: str  # names the run; the default run directory is runs/<name>
+    dir: Optional[str] = None  # run directory (checkpoints, reports, recipe.yaml); None -> runs/<name>
+    seed: int = 0  # seeds sampling and training
+    arm: Literal["stock", "det", "detent"] = "detent"  # kernel selection arm (DESIGN.md)
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
+    on_mismatch: Literal["raise", "warn"] = "raise"  # a trainer logprob differing from the rollout's
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    path: Optional[str] = None  # HF checkpoint directory (config.json + safetensors)
+    builtin: Optional[Literal["tiny", "smollm2-135m-instruct", "qwen2-0.5b"]] = None  # or a named one
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    max_context: int = 1024  # prompt + completion tokens the engine admits per sequence
+    commitment: Optional[str] = None  # commitment-tuple JSON from the tuner; None: the arm's defaults
+
+
+@dataclass(frozen=True)
+class DataSection:
+    source: str  # "reasoning_gym:<task>", a local .jsonl/.json/.parquet file, or a hub dataset id
+    subset: Optional[str] = None  # a hub dataset's configuration, e.g. "main" for openai/gsm8k; hub only
+    split: str = "train"  # only "train" for reasoning_gym and local files
+    question_key: str = "question"  # record field holding the prompt text
+    answer_key: str = "answer"  # record field holding the reference answer the reward reads
+    size: int = 256  # tasks generated (reasoning_gym) or the first records taken (files, hub)
+    eval_size: int = 0  # of those, held out for eval
+    seed: int = 0  # reasoning_gym generation seed
+    task_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+    # ^ keyword arguments for reasoning_gym.create_dataset (difficulty knobs), scalars or lists
+    template: Literal["chat", "plain"] = "chat"  # chat: the tokenizer's chat template; plain: raw text
+    system_prompt: Optional[str] = None  # None: the chat template's own default
+    prompt_suffix: str = "\nGive the final answer as a number after '####'."  # appended to each question
+    reward: str = "detent_rl.rewards:gsm8k_numeric"  # import path module:function(completion, task) -> float
+    max_prompt_tokens: int = 256  # a task whose rendered prompt is longer is dropped
+
+
+@dataclass(frozen=True)
+class RolloutSection:
+    prompts_per_step: int = 8
+    samples_per_prompt: int = 4  # the GRPO group size
+    max_new_tokens: int = 64
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    max_num_seqs: int = 64  # sequences the engine batches at once
+    chunk_size: int = 256  # chunked-prefill tokens per step
+    num_blocks: Optional[int] = None  # KV-cache blocks; None: sized from free memory
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"  # decode graphs; auto: on for pinned arms on GPU
+
+
+@dataclass(frozen=True)
+class LossSection:
+    advantage_std: bool = True  # divide advantages by the group std (GRPO); False: Dr.GRPO
+    clip_low: float = 0.2  # ratio clipped to [1 - clip_low, 1 + clip_high] (DAPO's clip-higher)
+    clip_high: float = 0.28
+    aggregation: Literal["token-mean", "seq-mean-token-sum"] = "token-mean"
+    kl_coef: float = 0.0  # 0: no reference model
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    tis_cap: Optional[float] = None  # truncated importance sampling cap; None: off
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    steps: int = 5  # rollout + update steps
+    lr: float = 1e-6
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"  # after warmup, decaying to 0
+    warmup_steps: int = 0  # linear warmup from 0, in optimiser steps
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW
+    eps: float = 1e-8  # AdamW
+    grad_clip: float = 1.0  # max global grad norm; 0: off
+    micro_batch_size: int = 8  # sequences per forward/backward
+    updates_per_batch: int = 1  # optimiser steps per rollout batch (it is split into that many minibatches)
+    loss: LossSection = field(default_factory=LossSection)
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    every: int = 0  # save every N steps; 0: never
+    keep: int = 2  # newest checkpoints kept
+
+
+@dataclass(frozen=True)
+class EvalSection:
+    every: int = 0  # evaluate on data.eval_size held-out tasks every N steps; 0: never
+
+
+@dataclass(frozen=True)
+class RaySection:
+    address: Optional[str] = None  # None: honour RAY_ADDRESS, else start a local Ray
+    colocate: bool = True  # rollout and trainer share a GPU
+    num_cpus: Optional[int] = None  # for a local ray.init; None: Ray's default
+
+
+@dataclass(frozen=True)
+class LogSection:
+    tensorboard: bool = True
+    progress: bool = True  # a progress line per step
+
+
+@dataclass(frozen=True)
+class Recipe:
+    run: RunSection
+    model: ModelSection
+    data: DataSection
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    ray: RaySection = field(default_factory=RaySection)
+    log: LogSection = field(default_factory=LogSection)
+    source: str = field(default="<dict>", compare=False)  # provenance only: the file it came from
+    overrides: tuple[str, ...] = field(default=(), compare=False)  # provenance only
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain YAML-safe data (lists for tuples, dicts for mappings), sections in schema order."""
+        return {f.name: _plain(getattr(self, f.name)) for f in _schema_fields(Recipe)}
+
+
+def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
+    """Read, override, type-check and validate a recipe file."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise RecipeError(f"{source}: cannot read the recipe ({e.strerror or e})") from e
+    try:
+        raw = yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark else ""
+        raise RecipeError(f"{source}: {where}invalid YAML ({getattr(e, 'problem', None) or e})") from e
+    return parse_recipe(raw, source=source, overrides=overrides)
+
+
+def parse_recipe(raw: Any, source: str = "<dict>", overrides: Sequence[str] = ()) -> Recipe:
+    """`load_recipe` on data already parsed (e.g. `Recipe.to_dict()` of another recipe)."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise RecipeError(f"{source}: expected a mapping of sections, got {_show(raw)}")
+    raw = _copy(raw)
+    origin = {}  # key path -> the override that set it, for error messages
+    for key, (value, text) in parse_overrides(overrides, source).items():
+        _set_override(raw, key, value, text, source)
+        origin[key] = text
+    ctx = _Context(source, origin)
+    recipe = _build(Recipe, raw, "", ctx)
+    recipe = dataclasses.replace(recipe, source=source, overrides=tuple(overrides))
+    return _validate(_resolve_paths(recipe, ctx), ctx)
+
+
+def parse_overrides(overrides: Sequence[str], source: str = "<command line>") -> dict[str, tuple[Any, str]]:
+    """`["train.steps=3", ...]` -> {"train.steps": (3, "train.steps=3")}; values are YAML scalars
+    (`null`, numbers, true/false, strings). A later override of the same key wins."""
+    out: dict[str, tuple[Any, str]] = {}
+    for text in overrides:
+        key, eq, value = text.partition("=")
+        key = key.strip()
+        if not eq or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", key):
+            raise RecipeError(f"{source}: override {text!r}: expected key.sub=value, e.g. train.steps=3")
+        try:
+            out[key] = (yaml.load(value, Loader=_Loader), text)
+        except yaml.YAMLError as e:
+            raise RecipeError(f"{source}: {key}: override {text!r} is not a YAML value "
+                              f"({getattr(e, 'problem', None) or e})") from e
+    return out
+
+
+def save_resolved(recipe: Recipe, run_dir: str | Path) -> Path:
+    """Write `run_dir/recipe.yaml` (temp file, then rename) so a reader never sees half a file."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = run_dir / "recipe.yaml"
+    header = f"# resolved from {recipe.source}" + (f" with {' '.join(recipe.overrides)}" if recipe.overrides else "")
+    tmp = run_dir / f".recipe.yaml.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(header.replace("\n", " ") + "\n"
+                       + yaml.safe_dump(recipe.to_dict(), sort_keys=False, allow_unicode=True))
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+# ---- YAML dialect -------------------------------------------------------------------------------
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 core scalars and duplicate keys refused."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_TAGS = ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
+         "tag:yaml.org,2002:timestamp")
+_Loader.yaml_implicit_resolvers = {
+    c: [(tag, rx) for tag, rx in rs if tag not in _TAGS] for c, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(_TAGS[0], re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+_Loader.add_implicit_resolver(_TAGS[1], re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
+_Loader.add_implicit_resolver(_TAGS[2], re.compile(
+    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+.0123456789"))
+_Loader.add_constructor(_TAGS[1], lambda loader, node: int(loader.construct_scalar(node)))  # no 1.1 octal
+
+
+# ---- parsing and type checking ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Context:
+    source: str
+    origin: Mapping[str, str]
+
+    def error(self, path: str, message: str) -> RecipeError:
+        key = next((k for k in self.origin if path == k or path.startswith((f"{k}.", f"{k}["))), None)
+        via = f" (from override {self.origin[key]!r})" if key else ""
+        return RecipeError(f"{self.source}: {path}: {message}{via}")
+
+
+def _schema_fields(cls: type) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if f.compare]  # Recipe's provenance fields are not keys
+
+
+def _build(cls: type, raw: Any, path: str, ctx: _Context) -> Any:
+    if raw is None:  # an empty section in the file
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ctx.error(path or "<top>", f"expected a mapping (a section), got {_show(raw)}")
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in _schema_fields(cls)}
+    for key in raw:
+        if key not in fields:
+            hint = difflib.get_close_matches(str(key), fields, n=1)
+            maybe = f"did you mean {hint[0]!r}? " if hint else ""
+            raise ctx.error(_join(path, str(key)),
+                            f"unknown key ({maybe}{path or 'a recipe'} takes: {', '.join(fields)})")
+    kwargs = {}
+    for name, f in fields.items():
+        sub = _join(path, name)
+        if name in raw:
+            kwargs[name] = _coerce(raw[name], hints[name], sub, ctx)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            if dataclasses.is_dataclass(hints[name]):
+                kwargs[name] = _build(hints[name], {}, sub, ctx)  # reports the section's missing key
+            else:
+                raise ctx.error(sub, "required key is missing")
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, tp: Any, path: str, ctx: _Context, nullable: bool = False) -> Any:
+    """`value` as type `tp`, or a RecipeError naming `path` and the value."""
+    def bad(what: str) -> RecipeError:
+        return ctx.error(path, f"expected {what}{' or null' if nullable else ''}, got {_show(value)}")
+
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path, ctx)
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Union:  # Optional[X]
+        if value is None:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(value, inner, path, ctx, nullable=True)
+    if origin is Literal:
+        if isinstance(value, str) and value in args:
+            return value
+        raise bad(f"one of {', '.join(map(repr, args))}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise bad(f"a list of {len(args)} numbers")
+        return tuple(_coerce(v, a, f"{path}[{i}]", ctx) for i, (v, a) in enumerate(zip(value, args, strict=True)))
+    if origin is Mapping:
+        return _kwargs(value, path, ctx)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad("true or false")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise bad("an integer")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        raise bad("a finite number" if isinstance(value, float) else "a number")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise bad("a string")
+    raise TypeError(f"config schema: {path} has an unsupported annotation {tp!r}")  # a bug here, not in the recipe
+
+
+_SCALAR = (str, int, float, bool, type(None))
+
+
+def _kwargs(value: Any, path: str, ctx: _Context) -> Mapping[str, Any]:
+    """A mapping of str keys to scalars or lists of scalars, frozen."""
+    if value is None:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise ctx.error(path, f"expected a mapping of keyword arguments, got {_show(value)}")
+    out = {}
+    for k, v in value.items():
+        if not isinstance(k, str):
+            raise ctx.error(path, f"expected string keys, got {_show(k)}")
+        if isinstance(v, (list, tuple)) and all(isinstance(x, _SCALAR) for x in v):
+            v = tuple(v)
+        elif not isinstance(v, _SCALAR):
+            raise ctx.error(f"{path}.{k}", f"expected a scalar or a list of scalars, got {_show(v)}")
+        out[k] = v
+    return MappingProxyType(out)
+
+
+def _set_override(raw: dict, key: str, value: Any, text: str, source: str) -> None:
+    """Put one override into the raw data, refusing a key the schema does not have."""
+    keys, cls, node = key.split("."), Recipe, raw
+    for i, k in enumerate(keys):
+        fields = [f.name for f in _schema_fields(cls)]
+        if k not in fields:
+            raise RecipeError(f"{source}: {'.'.join(keys[: i + 1])}: unknown key in override {text!r} "
+                              f"({'.'.join(keys[:i]) or 'a recipe'} takes: {', '.join(fields)})")
+        tp, rest = get_type_hints(cls)[k], keys[i + 1:]
+        if not rest:
+            node[k] = value
+            return
+        inside_kwargs = get_origin(tp) is Mapping and len(rest) == 1  # data.task_config.max_terms=2
+        if not inside_kwargs and not dataclasses.is_dataclass(tp):
+            raise RecipeError(f"{source}: {'.'.join(keys[: i + 1])}: not a section, so override {text!r} "
+                              f"cannot set a key inside it")
+        child = node.get(k)
+        if child is None:
+            child = node[k] = {}
+        if not isinstance(child, dict):
+            return  # the file's own non-mapping value is reported by the type check
+        if inside_kwargs:
+            child[rest[0]] = value
+            return
+        node, cls = child, tp
+
+
+# ---- cross-field validation ---------------------------------------------------------------------
+
+def _positive(v: Any) -> bool:
+    return v is None or v >= 1
+
+
+def _non_negative(v: Any) -> bool:
+    return v is None or v >= 0
+
+
+_BOUNDS = (
+    ("model.max_context", _positive, "must be >= 1"),
+    ("data.size", _positive, "must be >= 1"),
+    ("data.eval_size", _non_negative, "must be >= 0"),
+    ("data.seed", _non_negative, "must be >= 0"),
+    ("data.max_prompt_tokens", _positive, "must be >= 1"),
+    ("run.seed", _non_negative, "must be >= 0"),
+    ("rollout.prompts_per_step", _positive, "must be >= 1"),
+    ("rollout.samples_per_prompt", _positive, "must be >= 1"),
+    ("rollout.max_new_tokens", _positive, "must be >= 1"),
+    ("rollout.temperature", _non_negative, "must be >= 0"),
+    ("rollout.top_p", lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    ("rollout.top_k", _non_negative, "must be >= 0 (0: off)"),
+    ("rollout.max_num_seqs", _positive, "must be >= 1"),
+    ("rollout.chunk_size", _positive, "must be >= 1"),
+    ("rollout.num_blocks", _positive, "must be >= 1 or null"),
+    ("train.steps", _positive, "must be >= 1"),
+    ("train.lr", lambda v: v > 0, "must be > 0"),
+    ("train.warmup_steps", _non_negative, "must be >= 0"),
+    ("train.weight_decay", _non_negative, "must be >= 0"),
+    ("train.betas", lambda v: all(0 <= b < 1 for b in v), "must both be in [0, 1)"),
+    ("train.eps", lambda v: v > 0, "must be > 0"),
+    ("train.grad_clip", _non_negative, "must be >= 0 (0: off)"),
+    ("train.micro_batch_size", _positive, "must be >= 1"),
+    ("train.updates_per_batch", _positive, "must be >= 1"),
+    ("train.loss.clip_low", lambda v: 0 <= v < 1, "must be in [0, 1) (the ratio floor is 1 - clip_low)"),
+    ("train.loss.clip_high", _non_negative, "must be >= 0"),
+    ("train.loss.kl_coef", _non_negative, "must be >= 0"),
+    ("train.loss.tis_cap", lambda v: v is None or v > 0, "must be > 0 or null"),
+    ("checkpoint.every", _non_negative, "must be >= 0 (0: never)"),
+    ("checkpoint.keep", _positive, "must be >= 1"),
+    ("eval.every", _non_negative, "must be >= 0 (0: never)"),
+    ("ray.num_cpus", _positive, "must be >= 1 or null"),
+)
+
+
+def _validate(r: Recipe, ctx: _Context) -> Recipe:
+    for path, ok, rule in _BOUNDS:
+        value = _get(r, path)
+        if not ok(value):
+            raise ctx.error(path, f"{rule}, got {_show(value)}")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", r.run.name):
+        raise ctx.error("run.name", f"must be a plain directory name (letters, digits, . _ -), got {_show(r.run.name)}")
+    m, d = r.model, r.data
+    if (m.path is None) == (m.builtin is None):
+        both = "both are set" if m.path else "neither is set"
+        raise ctx.error("model.path", f"exactly one of model.path and model.builtin must be set ({both})")
+    if m.path is not None:
+        if not Path(m.path).is_dir():
+            raise ctx.error("model.path", f"{m.path} does not exist" if not Path(m.path).exists()
+                            else f"{m.path} is not a directory")
+        if not (Path(m.path) / "config.json").is_file():
+            raise ctx.error("model.path", f"{m.path} has no config.json")
+    if m.commitment is not None and not Path(m.commitment).is_file():
+        raise ctx.error("model.commitment", f"{m.commitment} does not exist")
+    kind = source_kind(d.source)
+    if kind == "file":
+        if Path(d.source).suffix not in DATA_SUFFIXES:
+            raise ctx.error("data.source", f"{d.source}: a local dataset must be {', '.join(DATA_SUFFIXES)}")
+        if not Path(d.source).is_file():
+            raise ctx.error("data.source", f"{d.source} does not exist")
+    elif kind == "reasoning_gym" and not re.fullmatch(r"\w+", d.source[len(REASONING_GYM):]):
+        raise ctx.error("data.source", f"expected reasoning_gym:<task>, got {_show(d.source)}")
+    elif kind == "hub" and not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", d.source):
+        raise ctx.error("data.source", f"expected reasoning_gym:<task>, a .jsonl/.json/.parquet path or a "
+                                       f"hub dataset id such as openai/gsm8k, got {_show(d.source)}")
+    if d.subset is not None and kind != "hub":
+        raise ctx.error("data.subset", f"applies only to a hub dataset, not {_show(d.source)}")
+    if kind != "hub" and d.split != "train":
+        raise ctx.error("data.split", f"a {kind} source has only the split 'train', got {_show(d.split)}")
+    if d.task_config and kind != "reasoning_gym":
+        raise ctx.error("data.task_config", f"only applies to a reasoning_gym source, not {_show(d.source)}")
+    for key in ("size", "seed"):
+        if key in d.task_config:
+            raise ctx.error(f"data.task_config.{key}", f"is data.{key}; set it there")
+    if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", d.reward):
+        raise ctx.error("data.reward", f"expected an import path module:function, got {_show(d.reward)}")
+    for key in ("split", "question_key", "answer_key"):
+        if not getattr(d, key):
+            raise ctx.error(f"data.{key}", "must not be empty")
+    need = d.max_prompt_tokens + r.rollout.max_new_tokens
+    if need > m.max_context:
+        raise ctx.error("model.max_context", f"{m.max_context} is less than data.max_prompt_tokens + "
+                                             f"rollout.max_new_tokens = {need}")
+    if d.eval_size >= d.size:
+        raise ctx.error("data.eval_size", f"{d.eval_size} leaves none of data.size {d.size} to train on")
+    if r.rollout.prompts_per_step > d.size - d.eval_size:
+        raise ctx.error("rollout.prompts_per_step", f"{r.rollout.prompts_per_step} is more than the "
+                        f"{d.size - d.eval_size} training tasks (data.size - data.eval_size)")
+    batch = r.rollout.prompts_per_step * r.rollout.samples_per_prompt
+    if r.train.updates_per_batch > batch:
+        raise ctx.error("train.updates_per_batch", f"{r.train.updates_per_batch} minibatches from a batch of "
+                                                   f"{batch} sequences (prompts_per_step x samples_per_prompt)")
+    if r.eval.every and not d.eval_size:
+        raise ctx.error("eval.every", f"{r.eval.every} needs data.eval_size >= 1")
+    if r.ray.address is not None and not r.ray.address.strip():
+        raise ctx.error("ray.address", "must not be empty (null: RAY_ADDRESS or a local Ray)")
+    return r
+
+
+def source_kind(source: str) -> Literal["reasoning_gym", "file", "hub"]:
+    """How `data.source` is read. A local file exists, or has a data-file suffix, or starts with / . ~;
+    anything else is a hub dataset id (data.load_tasks draws the same line for any source that passes);
+    `owner/name` holds a '/' too, so a '/' alone decides nothing."""
+    if source.startswith(REASONING_GYM):
+        return "reasoning_gym"
+    if source.lower().endswith(_FILE_LIKE) or source.startswith(("/", ".", "~")) or os.path.exists(source):
+        return "file"
+    return "hub"
+
+
+def _resolve_paths(r: Recipe, ctx: _Context) -> Recipe:
+    def absolute(path: str, p: Optional[str]) -> Optional[str]:
+        if p is not None and not p.strip():
+            raise ctx.error(path, "must not be empty (null for the default)")
+        return None if p is None else os.path.abspath(os.path.expanduser(p))
+
+    default_dir = os.path.join("runs", r.run.name)
+    run = dataclasses.replace(r.run, dir=absolute("run.dir", default_dir if r.run.dir is None else r.run.dir))
+    model = dataclasses.replace(r.model, path=absolute("model.path", r.model.path),
+                                commitment=absolute("model.commitment", r.model.commitment))
+    data = r.data
+    if not data.source.strip():
+        raise ctx.error("data.source", "must not be empty")
+    if source_kind(data.source) == "file":
+        data = dataclasses.replace(data, source=absolute("data.source", data.source))
+    return dataclasses.replace(r, run=run, model=model, data=data)
+
+
+# ---- small helpers ------------------------------------------------------------------------------
+
+def _get(obj: Any, path: str) -> Any:
+    for k in path.split("."):
+        obj = getattr(obj, k)
+    return obj
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _copy(raw: Any) -> Any:
+    if isinstance(raw, Mapping):
+        return {k: _copy(v) for k, v in raw.items()}
+    if isinstance(raw, (list, tuple)):
+        return [_copy(v) for v in raw]
+    return raw
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in _schema_fields(type(value))}
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
