@@ -117,25 +117,27 @@ def _linear_triton(x, w, bias, block_m, block_n, block_k, group_m, num_warps, nu
 
 def _linear_cpu(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, block_m: int, block_k: int,
                 split_k: int) -> torch.Tensor:
+    """fp32 products and sums on fixed-shape row tiles, rounded once to x's dtype (as the Triton kernel's
+    fp32 accumulator is); 16-bit CPU matmuls are also an order of magnitude slower than fp32 ones."""
     M, K = x.shape
     pad = (-M) % block_m
     xp = torch.cat([x, x.new_zeros(pad, K)]) if pad else x
     per_split = -(-(-(-K // block_k)) // split_k) * block_k  # whole K blocks per split
-    wt = w.t()
+    wt = w.t().float()
+    b = bias.float() if bias is not None else None
     tiles = []
     for i in range(0, xp.shape[0], block_m):  # fixed-shape tiles: a row never sees M
-        xt = xp[i:i + block_m]
+        xt = xp[i:i + block_m].float()
         if split_k == 1:
-            acc = xt @ wt if bias is None else torch.addmm(bias, xt, wt)
+            acc = xt @ wt if b is None else torch.addmm(b, xt, wt)
         else:
             acc = None
             for s in range(split_k):  # fp32 partials, added in split order
-                part = xt[:, s * per_split:(s + 1) * per_split].float() @ wt[s * per_split:(s + 1) * per_split].float()
+                part = xt[:, s * per_split:(s + 1) * per_split] @ wt[s * per_split:(s + 1) * per_split]
                 acc = part if acc is None else acc + part
-            if bias is not None:
-                acc = acc + bias.float()
-            acc = acc.to(x.dtype)
-        tiles.append(acc)
+            if b is not None:
+                acc = acc + b
+        tiles.append(acc.to(x.dtype))
     return torch.cat(tiles)[:M]
 
 
