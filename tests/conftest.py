@@ -26,3 +26,14 @@ def _isolated_cache(tmp_path, monkeypatch):
     """Every test gets its own JIT-cache directory so tests never see each other's solves."""
     monkeypatch.setenv("DETENT_CACHE_DIR", str(tmp_path / "selir-cache"))
     monkeypatch.delenv("DETENT_CACHE_DISABLE", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread per test: two OpenMP threads on the shared 2-core runner spin against each
+    other (matmuls run up to 100x slower)."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

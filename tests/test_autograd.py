@@ -19,14 +19,6 @@ from test_models import LIMITS, hf_model, save, sequences
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _batch(seed: int) -> tuple[list[tuple[list[int], int]], list[float]]:
     seqs = sequences(seed, (9, 23, 40))
     return [(s, p) for s, p in zip(seqs, (4, 17, 1))], [1.0, 0.7, 1.0]

@@ -20,14 +20,6 @@ MICRO = ModelConfig.from_dict(dict(B.BUILTIN_MODELS["tiny-qwen2"], vocab_size=10
 CELLS = B.build_cells(MICRO.vocab_size, B.PAGE_SIZE)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _failures(results: list[B.CellResult]) -> dict[str, list[str]]:
     return {r.cell: [f"{c.mode} {c.status}: {c.detail}" for c in r.comparisons if not c.passed]
             for r in results if not r.passed}

@@ -13,14 +13,6 @@ from detent_rl.rollout.sequence import SamplingParams
 from test_models import LIMITS, VOCAB, hf_model, save
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _requests(n: int, seed: int):
     rng = random.Random(seed)
     prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(3, 40))] for _ in range(n)]

@@ -30,14 +30,6 @@ ARMS = {"detent-fp32": ("detent", torch.float32), "det-fp32": ("det", torch.floa
         "detent-bf16": ("detent", torch.bfloat16)}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save(hf_model("qwen2"), tmp_path_factory.mktemp("qwen2"))

@@ -31,15 +31,6 @@ TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] 
 TEXTS = ["The quick brown fox.", "In 2024, 17 dogs jumped!", "  two spaces\nand a newline", "naïve café ünïcode"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Two OpenMP threads on a shared 2-core runner spin against each other.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def tiny_tokenizer(vocab_size: int) -> Tokenizer:
     """A byte-level BPE with SmolLM2's pre-tokenizer, trained to exactly `vocab_size` tokens."""
     tok = Tokenizer(models.BPE())

@@ -32,15 +32,6 @@ TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4)}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Two OpenMP threads on a shared 2-core runner spin against each other: matmuls run 100x slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def hf_model(family: str, seed: int = 0, **overrides) -> torch.nn.Module:
     import transformers
     transformers.logging.set_verbosity_error()

@@ -119,3 +119,23 @@ def test_bad_recipes_fail_with_one_clear_line(tmp_path, override, message):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.stderr
+
+
+def test_the_default_recipe_runs_bit_equal_on_a_local_ray(tmp_path):
+    """recipes/grpo_bf16.yaml itself (SmolLM2-135M-Instruct, bf16), shortened to one small step."""
+    from detent_rl.models.gguf import ModelFetchError, smollm2_checkpoint
+    try:
+        smollm2_checkpoint()
+    except ModelFetchError as e:
+        pytest.skip(f"SmolLM2 cannot be fetched here: {e}")
+    run_dir = tmp_path / "default"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # the recipe's own local Ray
+    out = subprocess.run([sys.executable, "-m", "detent_rl.train", str(ROOT / "recipes" / "grpo_bf16.yaml"),
+                          f"run.dir={run_dir}", "train.steps=1", "rollout.prompts_per_step=2",
+                          "rollout.samples_per_prompt=2", "rollout.max_new_tokens=8", "log.tensorboard=false"],
+                         cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (check,) = _lines(run_dir, "bitcheck.jsonl").values()
+    assert check["tokens_compared"] > 0 and check["bit_match"] == 1.0 and check["kl_k1"] == 0.0
+    assert _lines(run_dir, "metrics.jsonl")[1]["first_minibatch_ratio_ones"] == 1.0
+    assert (run_dir / "report.html").is_file()

@@ -15,14 +15,6 @@ from detent_rl.trainer.trainer import OptimConfig, Sample, Trainer, weights_sha2
 from test_models import LIMITS, hf_model, save, sequences
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_group_advantages_grpo_and_dr_grpo():
     r = [1.0, 0.0, 0.0, 1.0, 2.0, 2.0]
     assert group_advantages(r, 2, std=False) == [0.5, -0.5, -0.5, 0.5, 0.0, 0.0]
