@@ -13,7 +13,9 @@ The metrics.jsonl keys it reads, one line per step ``{"step": s, key: value, ...
   kl_k1, kl_k3  estimates of KL(rollout policy || rescore policy) over the sampled tokens
   step_time_s   wall time of the step, seconds
   tokens_per_s  tokens (rollout + train) processed per second of the step
-  ratio_mean, ratio_min, ratio_max   the importance ratio exp(logp_new - logp_rollout) over tokens
+  rollout_ratio_mean, rollout_ratio_min, rollout_ratio_max   pi_trainer / pi_rollout per token,
+                exp(logp_rescore - logp_rollout): exactly 1 when the bits match
+  ratio_mean, ratio_min, ratio_max   GRPO's ratio exp(logp_new - logp_old) over the update's tokens
   clip_frac     fraction of tokens whose ratio was clipped
   loss, grad_norm, lr
 
@@ -62,8 +64,9 @@ PLOTS = (
     PlotSpec("Bit-match", "% tokens bit-equal", (("bit_match", "bit_match"),), scale=100.0, ref=100.0),
     PlotSpec("KL(rollout || rescore)", "nats / token", (("kl_k1", "k1"), ("kl_k3", "k3")), ref=0.0, panels=True),
     PlotSpec("Step time", "seconds", (("step_time_s", "step_time_s"),)),
-    PlotSpec("Importance ratio", "ratio", (("ratio_min", "min"), ("ratio_mean", "mean"), ("ratio_max", "max")),
-             ref=1.0),
+    PlotSpec("pi_trainer / pi_rollout", "ratio", (("rollout_ratio_min", "min"), ("rollout_ratio_mean", "mean"),
+                                                  ("rollout_ratio_max", "max")), ref=1.0),
+    PlotSpec("GRPO ratio", "ratio", (("ratio_min", "min"), ("ratio_mean", "mean"), ("ratio_max", "max")), ref=1.0),
     PlotSpec("Throughput", "tokens / s", (("tokens_per_s", "tokens_per_s"),)),
     PlotSpec("Clipped tokens", "fraction", (("clip_frac", "clip_frac"),)),
     PlotSpec("Loss", "loss", (("loss", "loss"),)),
@@ -236,9 +239,9 @@ def _summary(run_dir: Path, metrics: list[dict], bitchecks: list[dict],
         rows.append(("overall bit-match", "not recorded"))
     rewards = _series("reward_mean", metrics, bitchecks)
     rows.append(("final reward", f"{rewards[-1][1]!r} (step {rewards[-1][0]})" if rewards else "not recorded"))
-    lo, hi = _series("ratio_min", metrics, bitchecks), _series("ratio_max", metrics, bitchecks)
+    lo, hi = _series("rollout_ratio_min", metrics, bitchecks), _series("rollout_ratio_max", metrics, bitchecks)
     if lo and hi:
-        rows.append(("importance ratio range", f"{min(v for _, v in lo)!r} to {max(v for _, v in hi)!r}"))
+        rows.append(("pi_trainer / pi_rollout range", f"{min(v for _, v in lo)!r} to {max(v for _, v in hi)!r}"))
     return verdict, rows
 
 

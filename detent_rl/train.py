@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         log.bitcheck(check)
         enforce(check, recipe.run.on_mismatch)
         stats = ray.get(trainer.train.remote(samples, old))
+        # pi_trainer / pi_rollout per token: exactly 1 when the bits match (what TIS would correct)
+        behaviour = torch.exp(torch.cat(old) - torch.cat([torch.tensor(s.rollout_logprobs) for s in samples]))
         weights, sha = ray.get(trainer.weights.remote())
         ray.get(rollout.update_weights.remote(weights, sha))
         new_tokens = sum(len(s.tokens) - s.num_prompt for s in samples)
@@ -88,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         metrics = {"reward_mean": sum(s.reward for s in samples) / len(samples), "bit_match": check["bit_match"],
                    "kl_k1": check["kl_k1"], "kl_k3": check["kl_k3"], "max_abs_diff": check["max_abs_diff"],
                    "step_time_s": elapsed, "rollout_time_s": t_rollout, "tokens_per_s": new_tokens / t_rollout,
-                   "new_tokens": new_tokens, "weights_sha256": sha, **stats}
+                   "new_tokens": new_tokens, "weights_sha256": sha, "rollout_ratio_min": behaviour.min().item(),
+                   "rollout_ratio_max": behaviour.max().item(), "rollout_ratio_mean": behaviour.mean().item(), **stats}
         if recipe.eval.every and setup.eval_tasks and step % recipe.eval.every == 0:
             metrics["eval_reward"] = evaluate(rollout, setup, recipe, stop)
         log.metrics(step, metrics)

@@ -29,7 +29,8 @@ def _fake_run(run_dir, *, mismatching: bool, steps: int = 4, keys: tuple[str, ..
             ratio = 1.0 + (0.01 * s if mismatching else 0.0)
             metrics = {"reward_mean": 0.1 * s, "bit_match": record["bit_match"], "kl_k1": record["kl_k1"],
                        "kl_k3": record["kl_k3"], "step_time_s": 1.5, "tokens_per_s": 100.0,
-                       "ratio_mean": ratio, "ratio_min": 2 - ratio, "ratio_max": ratio, "loss": 0.3}
+                       "rollout_ratio_mean": ratio, "rollout_ratio_min": 2 - ratio, "rollout_ratio_max": ratio,
+                       "ratio_mean": 1.0, "ratio_min": 1.0, "ratio_max": 1.0, "loss": 0.3}
             log.metrics(s, {k: v for k, v in metrics.items() if keys is None or k in keys})
     if recipe is not None:
         (run_dir / "recipe.yaml").write_text(recipe)
@@ -57,7 +58,7 @@ def test_stock_like_run_report_shows_the_mismatch(tmp_path):
     assert row in page
     assert "tokens differ (bit-match" in page and "bit-equal in all steps" not in page
     assert "<td>stock</td>" in page
-    assert "importance ratio range" in page and "0.96 to 1.04" in page
+    assert "pi_trainer / pi_rollout range" in page and "0.96 to 1.04" in page
 
 
 def test_missing_keys_say_not_recorded(tmp_path):

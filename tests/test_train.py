@@ -80,9 +80,12 @@ def test_detent_run_is_bit_equal_and_stock_is_not(tmp_path, ray_cluster):
     assert all(c["kl_k1"] == 0.0 and c["kl_k3"] == 0.0 and not c["first_mismatches"] for c in checks.values())
     metrics = _lines(runs["detent"], "metrics.jsonl")
     assert all(m["first_minibatch_ratio_ones"] == 1.0 for m in metrics.values())
+    assert all(m["rollout_ratio_min"] == m["rollout_ratio_max"] == 1.0 for m in metrics.values())
     assert "all" in (runs["detent"] / "report.html").read_text() and (runs["detent"] / "recipe.yaml").is_file()
     stock = _lines(runs["stock"], "bitcheck.jsonl")  # the negative control: the same loop, mismatching
     assert any(c["bit_match"] < 1.0 and c["kl_k3"] != 0.0 for c in stock.values())
+    assert any(m["rollout_ratio_min"] != 1.0 or m["rollout_ratio_max"] != 1.0
+               for m in _lines(runs["stock"], "metrics.jsonl").values())
     assert "tokens differ" in (runs["stock"] / "report.html").read_text()
 
 
