@@ -133,6 +133,9 @@ class EvalSection:
 
 @dataclass(frozen=True)
 class RaySection:
+    # ray: the two workers are Ray actors (own processes); inline: plain objects in the driver's
+    # process (one device, no Ray needed; the same calls, the same bits)
+    mode: Literal["ray", "inline"] = "ray"
     address: Optional[str] = None  # None: honour RAY_ADDRESS, else start a local Ray
     colocate: bool = True  # rollout and trainer share a GPU
     num_cpus: Optional[int] = None  # for a local ray.init; None: Ray's default

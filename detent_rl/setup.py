@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
+from types import SimpleNamespace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -87,11 +88,40 @@ def prepare(recipe: Recipe) -> RunSetup:
                                kl_coef=lo.kl_coef, kl_estimator=lo.kl_estimator, tis_cap=lo.tis_cap))
 
 
-def start_workers(recipe: Recipe, setup: RunSetup) -> tuple[Any, Any]:
-    """Ray (a cluster at ray.address / RAY_ADDRESS, else local) and the rollout and trainer actors."""
-    import ray
+class Inline:
+    """A worker in the driver's process behind the actor call syntax: `w.method.remote(...)` returns
+    the result, which `get` passes through (ray.mode: inline)."""
 
+    def __init__(self, worker: Any) -> None:
+        self._worker = worker
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._worker, name)
+        return SimpleNamespace(remote=method)
+
+
+def get(recipe: Recipe, value: Any) -> Any:
+    """ray.get for Ray actors' results; the value itself inline."""
+    if recipe.ray.mode == "inline":
+        return value
+    import ray
+    return ray.get(value)
+
+
+def start_workers(recipe: Recipe, setup: RunSetup) -> tuple[Any, Any]:
+    """Ray (a cluster at ray.address / RAY_ADDRESS, else local) and the rollout and trainer actors,
+    or, with ray.mode: inline, the two workers in this process."""
     from detent_rl.workers import RolloutWorker, TrainerWorker
+    ro = recipe.rollout
+    seqs = ro.prompts_per_step * ro.samples_per_prompt
+    blocks = ro.num_blocks or min(ro.max_num_seqs, seqs) * -(-recipe.model.max_context // PAGE) + 8
+    graphs = {"auto": None, "on": True, "off": False}[ro.cuda_graphs]
+    rollout_args = dict(num_blocks=blocks, max_num_seqs=min(ro.max_num_seqs, setup.spec.max_batch),
+                        chunk_size=ro.chunk_size, cuda_graphs=graphs)
+    if recipe.ray.mode == "inline":
+        return (Inline(RolloutWorker(setup.spec, **rollout_args)),
+                Inline(TrainerWorker(setup.spec, setup.optim, setup.loss)))
+    import ray
     address = recipe.ray.address or os.environ.get("RAY_ADDRESS")
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
@@ -101,12 +131,6 @@ def start_workers(recipe: Recipe, setup: RunSetup) -> tuple[Any, Any]:
             kwargs["num_cpus"] = recipe.ray.num_cpus
         ray.init(**kwargs)
     gpus = (0.5 if recipe.ray.colocate else 1) if setup.device == "cuda" else 0
-    ro = recipe.rollout
-    seqs = ro.prompts_per_step * ro.samples_per_prompt
-    blocks = ro.num_blocks or min(ro.max_num_seqs, seqs) * -(-recipe.model.max_context // PAGE) + 8
-    graphs = {"auto": None, "on": True, "off": False}[ro.cuda_graphs]
-    rollout = ray.remote(RolloutWorker).options(num_cpus=1, num_gpus=gpus).remote(
-        setup.spec, num_blocks=blocks, max_num_seqs=min(ro.max_num_seqs, setup.spec.max_batch),
-        chunk_size=ro.chunk_size, cuda_graphs=graphs)
+    rollout = ray.remote(RolloutWorker).options(num_cpus=1, num_gpus=gpus).remote(setup.spec, **rollout_args)
     trainer = ray.remote(TrainerWorker).options(num_cpus=1, num_gpus=gpus).remote(setup.spec, setup.optim, setup.loss)
     return rollout, trainer

@@ -19,7 +19,7 @@ from detent_rl.config import RecipeError, load_recipe, save_resolved
 from detent_rl.data import PromptSampler
 from detent_rl.monitor import RunLog, bitcheck, dumps, enforce, truncate_jsonl
 from detent_rl.report import write_report
-from detent_rl.setup import prepare, sample_seed, start_workers
+from detent_rl.setup import get, prepare, sample_seed, start_workers
 from detent_rl.trainer.grpo import group_advantages
 from detent_rl.trainer.trainer import Sample
 
@@ -35,7 +35,6 @@ def main(argv: list[str] | None = None) -> int:
     except RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    import ray
     run_dir, ro, steps = Path(recipe.run.dir), recipe.rollout, recipe.train.steps
     setup = prepare(recipe)
     save_resolved(recipe, run_dir)
@@ -48,11 +47,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --resume: {run_dir} has no checkpoint", file=sys.stderr)
             return 2
         step, state = checkpoint.load(path)
-        ray.get(trainer.load_state_dict.remote(state["trainer"]))
+        get(recipe, trainer.load_state_dict.remote(state["trainer"]))
         sampler.load_state_dict(state["sampler"])
         rng.setstate(state["rng"])
-    weights, sha = ray.get(trainer.weights.remote())
-    ray.get(rollout.update_weights.remote(weights, sha))  # both sides start from the same bits
+    weights, sha = get(recipe, trainer.weights.remote())
+    get(recipe, rollout.update_weights.remote(weights, sha))  # both sides start from the same bits
     truncate_jsonl(run_dir / "samples.jsonl", step)
     log = RunLog(run_dir, tensorboard=recipe.log.tensorboard, progress=recipe.log.progress, total_steps=steps,
                  start_step=step)
@@ -64,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         ids = [(t, j) for t in tasks for j in range(ro.samples_per_prompt)]
         params = [dict(seed=sample_seed(recipe.run.seed, step, t.id, j), temperature=ro.temperature, top_p=ro.top_p,
                        top_k=ro.top_k, max_tokens=ro.max_new_tokens, stop_token_ids=stop) for t, j in ids]
-        outs = ray.get(rollout.generate.remote([setup.prompts[t.id] for t, _ in ids], params))
+        outs = get(recipe, rollout.generate.remote([setup.prompts[t.id] for t, _ in ids], params))
         t_rollout = time.perf_counter() - t0
         samples = []
         for (t, j), p, o in zip(ids, params, outs):
@@ -75,16 +74,16 @@ def main(argv: list[str] | None = None) -> int:
                                       std=recipe.train.loss.advantage_std)
         for s, a in zip(samples, advantages):
             s.advantage = a
-        old = ray.get(trainer.rescore.remote(samples))
+        old = get(recipe, trainer.rescore.remote(samples))
         check = bitcheck(step, [s.request_id for s in samples],
                          [torch.tensor(s.rollout_logprobs, dtype=torch.float32) for s in samples], old)
         log.bitcheck(check)
         enforce(check, recipe.run.on_mismatch)
-        stats = ray.get(trainer.train.remote(samples, old))
+        stats = get(recipe, trainer.train.remote(samples, old))
         # pi_trainer / pi_rollout per token: exactly 1 when the bits match (what TIS would correct)
         behaviour = torch.exp(torch.cat(old) - torch.cat([torch.tensor(s.rollout_logprobs) for s in samples]))
-        weights, sha = ray.get(trainer.weights.remote())
-        ray.get(rollout.update_weights.remote(weights, sha))
+        weights, sha = get(recipe, trainer.weights.remote())
+        get(recipe, rollout.update_weights.remote(weights, sha))
         new_tokens = sum(len(s.tokens) - s.num_prompt for s in samples)
         elapsed = time.perf_counter() - t0
         metrics = {"reward_mean": sum(s.reward for s in samples) / len(samples), "bit_match": check["bit_match"],
@@ -100,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 f.write(dumps({"step": step, "request_id": s.request_id, "seed": s.seed, "reward": s.reward,
                                "advantage": s.advantage, "completion": s.meta["text"]}) + "\n")
         if recipe.checkpoint.every and (step % recipe.checkpoint.every == 0 or step == steps):
-            state = {"trainer": ray.get(trainer.state_dict.remote()), "sampler": sampler.state_dict(),
+            state = {"trainer": get(recipe, trainer.state_dict.remote()), "sampler": sampler.state_dict(),
                      "rng": rng.getstate()}
             checkpoint.save(run_dir, step, state, keep=recipe.checkpoint.keep)
     log.close()
@@ -111,10 +110,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def evaluate(rollout, setup, recipe, stop) -> float:
     """Greedy completions of the held-out tasks; their mean reward."""
-    import ray
     tasks = setup.eval_tasks
     params = [dict(seed=0, temperature=0.0, max_tokens=recipe.rollout.max_new_tokens, stop_token_ids=stop)] * len(tasks)
-    outs = ray.get(rollout.generate.remote([setup.prompts[t.id] for t in tasks], params))
+    outs = get(recipe, rollout.generate.remote([setup.prompts[t.id] for t in tasks], params))
     texts = [setup.tokenizer.decode(o["tokens"][o["num_prompt"]:]) for o in outs]
     return sum(setup.reward(x, t) for x, t in zip(texts, tasks)) / len(tasks)
 

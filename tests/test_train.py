@@ -70,7 +70,7 @@ def _lines(run_dir: Path, name: str) -> dict[int, dict]:
     return {r["step"]: {k: v for k, v in r.items() if k not in TIMING} for r in rows}
 
 
-def test_detent_run_is_bit_equal_and_stock_is_not(tmp_path, ray_cluster):
+def test_detent_run_is_bit_equal_stock_is_not_and_inline_equals_ray(tmp_path, ray_cluster):
     runs = {arm: tmp_path / arm for arm in ("detent", "stock")}
     for arm, run_dir in runs.items():
         extra = ["train.steps=2", "checkpoint.every=0"] + (["run.on_mismatch=warn"] if arm == "stock" else [])
@@ -82,6 +82,10 @@ def test_detent_run_is_bit_equal_and_stock_is_not(tmp_path, ray_cluster):
     assert all(m["first_minibatch_ratio_ones"] == 1.0 for m in metrics.values())
     assert all(m["rollout_ratio_min"] == m["rollout_ratio_max"] == 1.0 for m in metrics.values())
     assert "all" in (runs["detent"] / "report.html").read_text() and (runs["detent"] / "recipe.yaml").is_file()
+    inline = tmp_path / "inline"  # the same recipe without Ray: workers in the driver's process, same bits
+    _driver(_recipe(tmp_path, inline), ray_cluster, "train.steps=2", "checkpoint.every=0", "ray.mode=inline")
+    assert _lines(inline, "bitcheck.jsonl") == checks
+    assert _lines(inline, "metrics.jsonl") == metrics
     stock = _lines(runs["stock"], "bitcheck.jsonl")  # the negative control: the same loop, mismatching
     assert any(c["bit_match"] < 1.0 and c["kl_k3"] != 0.0 for c in stock.values())
     assert any(m["rollout_ratio_min"] != 1.0 or m["rollout_ratio_max"] != 1.0
