@@ -15,13 +15,24 @@ from pathlib import Path
 import torch
 
 from detent_rl import checkpoint
+from detent_rl.checkpoint import CheckpointCorrupt
 from detent_rl.config import RecipeError, load_recipe, save_resolved
-from detent_rl.data import PromptSampler
-from detent_rl.monitor import RunLog, bitcheck, dumps, enforce, truncate_jsonl
+from detent_rl.data import DataError, PromptSampler
+from detent_rl.models.config import ModelConfigError
+from detent_rl.models.gguf import GGUFError, ModelFetchError
+from detent_rl.models.loader import CheckpointError
+from detent_rl.monitor import MismatchError, RunLog, bitcheck, dumps, enforce, truncate_jsonl
 from detent_rl.report import write_report
+from detent_rl.rewards import RewardError
 from detent_rl.setup import get, prepare, sample_seed, start_workers
+from detent_rl.tokenizer import TokenizerError
 from detent_rl.trainer.grpo import group_advantages
 from detent_rl.trainer.trainer import Sample
+
+
+# bad input anywhere before the first step, and a bit mismatch under on_mismatch: raise: one line, exit 2
+USER_ERRORS = (RecipeError, DataError, RewardError, TokenizerError, ModelConfigError, CheckpointError, GGUFError,
+               ModelFetchError, CheckpointCorrupt, MismatchError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,19 +40,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("recipe")
     ap.add_argument("overrides", nargs="*", help="key.sub=value, e.g. train.steps=3 run.dir=/tmp/run")
     ap.add_argument("--resume", action="store_true", help="continue from the run directory's last checkpoint")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # overrides may come after --resume too
     try:
-        recipe = load_recipe(args.recipe, args.overrides)
-    except RecipeError as e:
+        return run(load_recipe(args.recipe, args.overrides), args.resume)
+    except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def run(recipe, resume: bool) -> int:
     run_dir, ro, steps = Path(recipe.run.dir), recipe.rollout, recipe.train.steps
     setup = prepare(recipe)
     save_resolved(recipe, run_dir)
     rollout, trainer = start_workers(recipe, setup)
     sampler = PromptSampler(setup.train_tasks, ro.prompts_per_step, recipe.run.seed)
     step, rng = 0, random.Random(recipe.run.seed)
-    if args.resume:
+    if resume:
         path = checkpoint.latest(run_dir)
         if path is None:
             print(f"error: --resume: {run_dir} has no checkpoint", file=sys.stderr)

@@ -146,3 +146,17 @@ def test_the_default_recipe_runs_bit_equal_on_a_local_ray(tmp_path):
     assert check["tokens_compared"] > 0 and check["bit_match"] == 1.0 and check["kl_k1"] == 0.0
     assert _lines(run_dir, "metrics.jsonl")[1]["first_minibatch_ratio_ones"] == 1.0
     assert (run_dir / "report.html").is_file()
+
+
+def test_resuming_from_a_corrupt_checkpoint_is_refused_in_one_line(tmp_path):
+    run_dir = tmp_path / "corrupt"
+    broken = run_dir / "checkpoints" / "step_000003"
+    broken.mkdir(parents=True)
+    (broken / "manifest.json").write_text("{")
+    out = subprocess.run([sys.executable, "-m", "detent_rl.train", str(_recipe(tmp_path, run_dir)), "--resume",
+                          "ray.mode=inline", "log.tensorboard=false"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert "step_000003: unreadable manifest.json" in lines[-1] and "not loaded" in lines[-1], out.stderr[-2000:]
+    assert not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text()
