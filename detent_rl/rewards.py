@@ -7,6 +7,9 @@ Built in (also loadable by their bare names):
   Hendrycks et al.'s string normalization, or equals it as a number or simple fraction.
 - `reasoning_gym_score`: reasoning_gym's own `score_answer` for tasks from a "reasoning_gym:<name>"
   source, on the completion's last <answer>...</answer> span (reasoning_gym's convention).
+- `digit_share`: the share of the completion's non-space characters that are ASCII digits. A dense
+  shaping reward: samples of a random-weight model already differ under it, so GRPO's advantages
+  are nonzero and every step moves the weights (the built-in random configs' runs use it).
 """
 from __future__ import annotations
 
@@ -183,9 +186,14 @@ def _reasoning_gym_entry(name: str, seed: int, index: int) -> tuple[Any, dict]:
     dataset = reasoning_gym.create_dataset(name, size=index + 1, seed=seed)
     return dataset, dataset[index]
 
+def digit_share(completion: str, task: Task) -> float:
+    """The share of the completion's non-space characters that are ASCII digits (0.0 if it has none)."""
+    chars = [c for c in completion if not c.isspace()]
+    return sum("0" <= c <= "9" for c in chars) / len(chars) if chars else 0.0
+
 
 BUILTIN: dict[str, Reward] = {"gsm8k_numeric": gsm8k_numeric, "math_boxed": math_boxed,
-                              "reasoning_gym_score": reasoning_gym_score}
+                              "reasoning_gym_score": reasoning_gym_score, "digit_share": digit_share}
 
 
 def load_reward(path: str) -> Reward:

@@ -13,8 +13,8 @@ import pytest
 
 from detent_rl.data import (DataError, PromptSampler, PromptTooLong, Task, config_digest, load_tasks, render_prompt,
                             split_eval)
-from detent_rl.rewards import (RewardError, final_number, gsm8k_numeric, last_boxed, load_reward, math_boxed,
-                               reasoning_gym_score)
+from detent_rl.rewards import (RewardError, digit_share, final_number, gsm8k_numeric, last_boxed, load_reward,
+                               math_boxed, reasoning_gym_score)
 from detent_rl.tokenizer import TINY_SPECIALS, TokenizerError, load_tokenizer, tiny_tokenizer
 
 GSM8K_ROWS = [
@@ -290,6 +290,13 @@ def test_gsm8k_numeric_needs_a_numeric_reference():
     assert final_number("#### nothing here, but 3 later") == 3
     with pytest.raises(RewardError, match=r"task t:9: gsm8k_numeric needs a numeric answer, got 'blue'"):
         gsm8k_numeric("blue", Task("t:9", "q", "blue"))
+
+
+def test_digit_share_is_the_share_of_digits_among_non_space_characters():
+    t = Task("t", "q", "1")
+    texts = ("", "   ", "abc", "12 34", "a1 b2", "#### 7\n")
+    assert [digit_share(c, t) for c in texts] == [0.0, 0.0, 0.0, 1.0, 0.5, 0.2]
+    assert load_reward("digit_share") is digit_share
 
 
 def test_load_reward(tmp_path, monkeypatch):
