@@ -150,18 +150,30 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, *, block: int,
 
 
 def _attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: list[int], scale: float) -> torch.Tensor:
-    """Causal attention of each sequence's rows over its own keys (all new in this step), fp32 inside."""
-    outs = []
-    group = q.shape[1] // k.shape[1]
-    for b in range(len(cu_q) - 1):
-        s, e = cu_q[b], cu_q[b + 1]
-        qb = q[s:e].float().transpose(0, 1)  # [H, n, D]
-        kb = k[s:e].float().repeat_interleave(group, 1).transpose(0, 1)
-        vb = v[s:e].float().repeat_interleave(group, 1).transpose(0, 1)
-        ob = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale)
-        # the kernel rounds P to the value dtype before P @ V; the gradient ignores that rounding
-        outs.append(ob.transpose(0, 1).to(q.dtype))
-    return torch.cat(outs)
+    """Causal attention of each sequence's rows over its own keys (all new in this step), fp32 inside.
+
+    The sequences are padded at their ends into one [B, H, L, D] batch (a pad row reads a zero row)
+    and attended in ONE causal call: a real row only sees earlier positions of its own sequence, and
+    the pad rows' outputs are dropped, so no gradient flows through them. One call per layer instead
+    of one per sequence: the backward of a GRPO micro-batch is otherwise bound by kernel launches.
+    """
+    lengths = [e - s for s, e in zip(cu_q, cu_q[1:])]
+    width, n = max(lengths), q.shape[0]
+    device = q.device
+    pos = torch.arange(width, device=device)
+    starts = torch.tensor(cu_q[:-1], device=device)
+    real = pos < torch.tensor(lengths, device=device)[:, None]  # [B, L]
+    index = torch.where(real, starts[:, None] + pos, n)  # row n: the appended zero row
+
+    def padded(x: torch.Tensor, heads: int) -> torch.Tensor:  # [T, h, D] -> [B, heads, L, D] fp32
+        x = torch.cat((x.float(), x.new_zeros((1, *x.shape[1:]), dtype=torch.float32)))
+        return x[index].repeat_interleave(heads // x.shape[1], 2).transpose(1, 2)
+
+    heads = q.shape[1]
+    o = F.scaled_dot_product_attention(padded(q, heads), padded(k, heads), padded(v, heads), is_causal=True,
+                                       scale=scale)
+    # the kernel rounds P to the value dtype before P @ V; the gradient ignores that rounding
+    return o.transpose(1, 2)[real].to(q.dtype)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -116,3 +116,17 @@ def test_state_round_trip_continues_identically(tmp_path):
     s1 = trainer.train(samples, trainer.rescore(samples))
     s2 = trainer2.train(samples, trainer2.rescore(samples))
     assert s1 == s2 and weights_sha256(model2) == weights_sha256(model)
+
+
+def test_weights_sha256_sees_every_byte_name_dtype_and_shape():
+    torch.manual_seed(0)
+    w = {"a": torch.randn(64, 8).bfloat16(), "b": torch.randn(3), "c": torch.zeros(0), "d": torch.tensor(2.0)}
+    base = weights_sha256(w)
+    assert weights_sha256(dict(reversed(list(w.items())))) == base  # name order, not insertion order
+    assert weights_sha256({k: v.clone() for k, v in w.items()}) == base
+    flipped = w["a"].clone()
+    flipped.view(torch.int16)[63, 7] ^= 1  # one bit of the last element
+    changed = [{**w, "a": flipped}, {**w, "b": w["b"].double()}, {**w, "a": w["a"].reshape(8, 64)},
+               {"x" if k == "a" else k: v for k, v in w.items()}, {k: v for k, v in w.items() if k != "c"}]
+    hashes = [weights_sha256(c) for c in changed]
+    assert base not in hashes and len(set(hashes)) == len(hashes)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -57,13 +59,25 @@ class Sample:
 
 
 def weights_sha256(named: dict[str, torch.Tensor] | CausalLM) -> str:
-    """sha256 over (name, dtype, shape, bytes) of every weight in name order."""
+    """sha256 over (name, dtype, shape, sha256 of the bytes) of every weight in name order.
+
+    The tensors' own digests run in threads (hashlib releases the GIL on large buffers), each as soon
+    as its bytes are on the host, so a 0.5B model hashes in a fraction of a serial pass."""
     items = dict(named.named_parameters()) if isinstance(named, CausalLM) else named
+    names = sorted(items)
+
+    def digest(t: torch.Tensor) -> str:
+        return hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy()).hexdigest()
+
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        jobs = {}
+        for n in names:
+            t = items[n].detach().contiguous().cpu()
+            jobs[n] = (t.dtype, tuple(t.shape), pool.submit(digest, t))
     h = hashlib.sha256()
-    for name in sorted(items):
-        t = items[name].detach().contiguous().cpu()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes())
+    for n in names:
+        dtype, shape, job = jobs[n]
+        h.update(f"{n}|{dtype}|{shape}|{job.result()}\n".encode())
     return h.hexdigest()
 
 

@@ -1,0 +1,94 @@
+"""Where a GRPO step's trainer time goes: rescore, the update (grad-enabled forward, loss, backward,
+AdamW), and the weight sync (compute weights + sha256, the engine's update + its sha256).
+
+    python bench/trainer_bench.py [--model qwen2-0.5b|tiny|smollm2-135m-instruct|PATH] [--arm detent]
+        [--seqs 64] [--prompt 100] [--completion 32] [--micro 16] [--repeats 3] [--profile]
+
+Synthetic samples (random prompt and completion tokens, advantages ±1) through the run's own
+workers (`detent_rl.workers`), so the calls are the driver's. Each phase is warmed up once, then
+timed --repeats times (median, synchronized). --profile adds torch.profiler's top operators of one
+update, by self CPU time and by device time.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+
+from detent_rl.models.builtin import NAMES, builtin_checkpoint
+from detent_rl.trainer.grpo import LossConfig
+from detent_rl.trainer.trainer import OptimConfig, Sample
+from detent_rl.workers import ModelSpec, RolloutWorker, TrainerWorker
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        t = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="qwen2-0.5b", help=f"a built-in ({', '.join(NAMES)}) or a checkpoint dir")
+    ap.add_argument("--arm", default="detent", choices=("stock", "det", "detent"))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--seqs", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=100)
+    ap.add_argument("--completion", type=int, default=32)
+    ap.add_argument("--micro", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    path = str(builtin_checkpoint(args.model)) if args.model in NAMES else args.model
+    length = args.prompt + args.completion
+    spec = ModelSpec(path=path, arm=args.arm, device=args.device, dtype="bfloat16", max_context=length,
+                     max_batch=max(args.micro, 8), max_num_tokens=max(2048, args.micro * length))
+    trainer = TrainerWorker(spec, OptimConfig(lr=1e-6, micro_batch_size=args.micro), LossConfig())
+    vocab = trainer.model.config.vocab_size
+    rng = random.Random(0)
+    samples = [Sample(f"r{i}", [rng.randrange(vocab) for _ in range(length)], args.prompt, [], 1.0,
+                      advantage=rng.choice((-1.0, 1.0))) for i in range(args.seqs)]
+    old = trainer.rescore(samples)
+    for s, o in zip(samples, old):
+        s.rollout_logprobs = o.tolist()
+    rows = {"rescore": timed(lambda: trainer.rescore(samples), args.repeats),
+            "update": timed(lambda: trainer.train(samples, old), args.repeats)}
+    rollout = RolloutWorker(spec, num_blocks=8, max_num_seqs=8, chunk_size=256, cuda_graphs=False)
+    rows["weights + sha256 (trainer)"] = timed(trainer.weights, args.repeats)
+    weights, sha = trainer.weights()
+    rows["update_weights + sha256 (engine)"] = timed(lambda: rollout.update_weights(weights, sha), args.repeats)
+    tokens = args.seqs * length
+    print(f"{args.model}, {args.arm}, {args.device}: {args.seqs} sequences x ({args.prompt} prompt + "
+          f"{args.completion} completion) tokens, micro-batches of {args.micro}")
+    print("| phase | s | tokens/s |\n|---|---|---|")
+    for name, s in rows.items():
+        rate = f"{tokens / s:,.0f}" if name in ("rescore", "update") else ""
+        print(f"| {name} | {s:.3f} | {rate} |")
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+        with profile(activities=acts) as prof:
+            trainer.train(samples, old)
+            sync()
+        table = prof.key_averages()
+        print(table.table(sort_by="self_cpu_time_total", row_limit=25))
+        if args.device == "cuda":
+            print(table.table(sort_by="self_cuda_time_total", row_limit=20))
+
+
+if __name__ == "__main__":
+    main()
