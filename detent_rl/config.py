@@ -12,34 +12,35 @@ Invariants a loaded `Recipe` keeps:
 Every bad input raises `RecipeError` with one line: `<recipe file>: <key path>: <what is wrong>`.
 Nothing here is written back after load: values derived at run time belong in runtime state.
 
-The YAML dialect is YAML 1.2's core scalars: only true/false are booleans (`cuda_graphs: on` stays
-the string 'on'), `1e-6` is a float, dates stay strings, and a key given twice is an error.
+The YAML dialect and the type checking live in `recipe_schema.py`: YAML 1.2's core scalars (only
+true/false are booleans, so `cuda_graphs: on` stays the string 'on'; `1e-6` is a float; dates stay
+strings) and a key given twice is an error.
 The dataset, reward and reasoning_gym task names are only checked for form here; the data module
 imports them (importing reasoning_gym alone takes seconds).
 """
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, Optional, Sequence, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, Optional, Sequence
 
 import yaml
+
+from detent_rl.recipe_schema import (Context, Loader, RecipeError, build, copy_raw, get_path, parse_overrides, plain,
+                                     schema_fields, set_override, show)
+
+__all__ = ["DATA_SUFFIXES", "RECIPES_DIR", "Recipe", "RecipeError", "load_recipe", "parse_overrides", "parse_recipe",
+           "save_resolved", "source_kind"]
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"  # present in a source checkout
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")  # the local formats the data module reads
 _FILE_LIKE = DATA_SUFFIXES + (".csv", ".tsv", ".txt", ".arrow", ".gz", ".zip")  # refused, not sent to the hub
 REASONING_GYM = "reasoning_gym:"
-
-
-class RecipeError(ValueError):
-    """A recipe that cannot run; the message is one line naming the file, the key path and the value."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ class Recipe:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain YAML-safe data (lists for tuples, dicts for mappings), sections in schema order."""
-        return {f.name: _plain(getattr(self, f.name)) for f in _schema_fields(Recipe)}
+        return {f.name: plain(getattr(self, f.name)) for f in schema_fields(Recipe)}
 
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
@@ -174,7 +175,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
     except OSError as e:
         raise RecipeError(f"{source}: cannot read the recipe ({e.strerror or e})") from e
     try:
-        raw = yaml.load(text, Loader=_Loader)
+        raw = yaml.load(text, Loader=Loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark else ""
@@ -187,33 +188,16 @@ def parse_recipe(raw: Any, source: str = "<dict>", overrides: Sequence[str] = ()
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
-        raise RecipeError(f"{source}: expected a mapping of sections, got {_show(raw)}")
-    raw = _copy(raw)
+        raise RecipeError(f"{source}: expected a mapping of sections, got {show(raw)}")
+    raw = copy_raw(raw)
     origin = {}  # key path -> the override that set it, for error messages
     for key, (value, text) in parse_overrides(overrides, source).items():
-        _set_override(raw, key, value, text, source)
+        set_override(Recipe, raw, key, value, text, source)
         origin[key] = text
-    ctx = _Context(source, origin)
-    recipe = _build(Recipe, raw, "", ctx)
+    ctx = Context(source, origin)
+    recipe = build(Recipe, raw, "", ctx)
     recipe = dataclasses.replace(recipe, source=source, overrides=tuple(overrides))
     return _validate(_resolve_paths(recipe, ctx), ctx)
-
-
-def parse_overrides(overrides: Sequence[str], source: str = "<command line>") -> dict[str, tuple[Any, str]]:
-    """`["train.steps=3", ...]` -> {"train.steps": (3, "train.steps=3")}; values are YAML scalars
-    (`null`, numbers, true/false, strings). A later override of the same key wins."""
-    out: dict[str, tuple[Any, str]] = {}
-    for text in overrides:
-        key, eq, value = text.partition("=")
-        key = key.strip()
-        if not eq or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", key):
-            raise RecipeError(f"{source}: override {text!r}: expected key.sub=value, e.g. train.steps=3")
-        try:
-            out[key] = (yaml.load(value, Loader=_Loader), text)
-        except yaml.YAMLError as e:
-            raise RecipeError(f"{source}: {key}: override {text!r} is not a YAML value "
-                              f"({getattr(e, 'problem', None) or e})") from e
-    return out
 
 
 def save_resolved(recipe: Recipe, run_dir: str | Path) -> Path:
@@ -230,167 +214,6 @@ def save_resolved(recipe: Recipe, run_dir: str | Path) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return out
-
-
-# ---- YAML dialect -------------------------------------------------------------------------------
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 core scalars and duplicate keys refused."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, str) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} appears twice", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-_TAGS = ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
-         "tag:yaml.org,2002:timestamp")
-_Loader.yaml_implicit_resolvers = {
-    c: [(tag, rx) for tag, rx in rs if tag not in _TAGS] for c, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_Loader.add_implicit_resolver(_TAGS[0], re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-_Loader.add_implicit_resolver(_TAGS[1], re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
-_Loader.add_implicit_resolver(_TAGS[2], re.compile(
-    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
-    list("-+.0123456789"))
-_Loader.add_constructor(_TAGS[1], lambda loader, node: int(loader.construct_scalar(node)))  # no 1.1 octal
-
-
-# ---- parsing and type checking ------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Context:
-    source: str
-    origin: Mapping[str, str]
-
-    def error(self, path: str, message: str) -> RecipeError:
-        key = next((k for k in self.origin if path == k or path.startswith((f"{k}.", f"{k}["))), None)
-        via = f" (from override {self.origin[key]!r})" if key else ""
-        return RecipeError(f"{self.source}: {path}: {message}{via}")
-
-
-def _schema_fields(cls: type) -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(cls) if f.compare]  # Recipe's provenance fields are not keys
-
-
-def _build(cls: type, raw: Any, path: str, ctx: _Context) -> Any:
-    if raw is None:  # an empty section in the file
-        raw = {}
-    if not isinstance(raw, Mapping):
-        raise ctx.error(path or "<top>", f"expected a mapping (a section), got {_show(raw)}")
-    hints = get_type_hints(cls)
-    fields = {f.name: f for f in _schema_fields(cls)}
-    for key in raw:
-        if key not in fields:
-            hint = difflib.get_close_matches(str(key), fields, n=1)
-            maybe = f"did you mean {hint[0]!r}? " if hint else ""
-            raise ctx.error(_join(path, str(key)),
-                            f"unknown key ({maybe}{path or 'a recipe'} takes: {', '.join(fields)})")
-    kwargs = {}
-    for name, f in fields.items():
-        sub = _join(path, name)
-        if name in raw:
-            kwargs[name] = _coerce(raw[name], hints[name], sub, ctx)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            if dataclasses.is_dataclass(hints[name]):
-                kwargs[name] = _build(hints[name], {}, sub, ctx)  # reports the section's missing key
-            else:
-                raise ctx.error(sub, "required key is missing")
-    return cls(**kwargs)
-
-
-def _coerce(value: Any, tp: Any, path: str, ctx: _Context, nullable: bool = False) -> Any:
-    """`value` as type `tp`, or a RecipeError naming `path` and the value."""
-    def bad(what: str) -> RecipeError:
-        return ctx.error(path, f"expected {what}{' or null' if nullable else ''}, got {_show(value)}")
-
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, path, ctx)
-    origin, args = get_origin(tp), get_args(tp)
-    if origin is Union:  # Optional[X]
-        if value is None:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _coerce(value, inner, path, ctx, nullable=True)
-    if origin is Literal:
-        if isinstance(value, str) and value in args:
-            return value
-        raise bad(f"one of {', '.join(map(repr, args))}")
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise bad(f"a list of {len(args)} numbers")
-        return tuple(_coerce(v, a, f"{path}[{i}]", ctx) for i, (v, a) in enumerate(zip(value, args, strict=True)))
-    if origin is Mapping:
-        return _kwargs(value, path, ctx)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise bad("true or false")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise bad("an integer")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
-        raise bad("a finite number" if isinstance(value, float) else "a number")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise bad("a string")
-    raise TypeError(f"config schema: {path} has an unsupported annotation {tp!r}")  # a bug here, not in the recipe
-
-
-_SCALAR = (str, int, float, bool, type(None))
-
-
-def _kwargs(value: Any, path: str, ctx: _Context) -> Mapping[str, Any]:
-    """A mapping of str keys to scalars or lists of scalars, frozen."""
-    if value is None:
-        value = {}
-    if not isinstance(value, Mapping):
-        raise ctx.error(path, f"expected a mapping of keyword arguments, got {_show(value)}")
-    out = {}
-    for k, v in value.items():
-        if not isinstance(k, str):
-            raise ctx.error(path, f"expected string keys, got {_show(k)}")
-        if isinstance(v, (list, tuple)) and all(isinstance(x, _SCALAR) for x in v):
-            v = tuple(v)
-        elif not isinstance(v, _SCALAR):
-            raise ctx.error(f"{path}.{k}", f"expected a scalar or a list of scalars, got {_show(v)}")
-        out[k] = v
-    return MappingProxyType(out)
-
-
-def _set_override(raw: dict, key: str, value: Any, text: str, source: str) -> None:
-    """Put one override into the raw data, refusing a key the schema does not have."""
-    keys, cls, node = key.split("."), Recipe, raw
-    for i, k in enumerate(keys):
-        fields = [f.name for f in _schema_fields(cls)]
-        if k not in fields:
-            raise RecipeError(f"{source}: {'.'.join(keys[: i + 1])}: unknown key in override {text!r} "
-                              f"({'.'.join(keys[:i]) or 'a recipe'} takes: {', '.join(fields)})")
-        tp, rest = get_type_hints(cls)[k], keys[i + 1:]
-        if not rest:
-            node[k] = value
-            return
-        inside_kwargs = get_origin(tp) is Mapping and len(rest) == 1  # data.task_config.max_terms=2
-        if not inside_kwargs and not dataclasses.is_dataclass(tp):
-            raise RecipeError(f"{source}: {'.'.join(keys[: i + 1])}: not a section, so override {text!r} "
-                              f"cannot set a key inside it")
-        child = node.get(k)
-        if child is None:
-            child = node[k] = {}
-        if not isinstance(child, dict):
-            return  # the file's own non-mapping value is reported by the type check
-        if inside_kwargs:
-            child[rest[0]] = value
-            return
-        node, cls = child, tp
 
 
 # ---- cross-field validation ---------------------------------------------------------------------
@@ -439,13 +262,13 @@ _BOUNDS = (
 )
 
 
-def _validate(r: Recipe, ctx: _Context) -> Recipe:
+def _validate(r: Recipe, ctx: Context) -> Recipe:
     for path, ok, rule in _BOUNDS:
-        value = _get(r, path)
+        value = get_path(r, path)
         if not ok(value):
-            raise ctx.error(path, f"{rule}, got {_show(value)}")
+            raise ctx.error(path, f"{rule}, got {show(value)}")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", r.run.name):
-        raise ctx.error("run.name", f"must be a plain directory name (letters, digits, . _ -), got {_show(r.run.name)}")
+        raise ctx.error("run.name", f"must be a plain directory name (letters, digits, . _ -), got {show(r.run.name)}")
     m, d = r.model, r.data
     if (m.path is None) == (m.builtin is None):
         both = "both are set" if m.path else "neither is set"
@@ -465,21 +288,21 @@ def _validate(r: Recipe, ctx: _Context) -> Recipe:
         if not Path(d.source).is_file():
             raise ctx.error("data.source", f"{d.source} does not exist")
     elif kind == "reasoning_gym" and not re.fullmatch(r"\w+", d.source[len(REASONING_GYM):]):
-        raise ctx.error("data.source", f"expected reasoning_gym:<task>, got {_show(d.source)}")
+        raise ctx.error("data.source", f"expected reasoning_gym:<task>, got {show(d.source)}")
     elif kind == "hub" and not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", d.source):
         raise ctx.error("data.source", f"expected reasoning_gym:<task>, a .jsonl/.json/.parquet path or a "
-                                       f"hub dataset id such as openai/gsm8k, got {_show(d.source)}")
+                                       f"hub dataset id such as openai/gsm8k, got {show(d.source)}")
     if d.subset is not None and kind != "hub":
-        raise ctx.error("data.subset", f"applies only to a hub dataset, not {_show(d.source)}")
+        raise ctx.error("data.subset", f"applies only to a hub dataset, not {show(d.source)}")
     if kind != "hub" and d.split != "train":
-        raise ctx.error("data.split", f"a {kind} source has only the split 'train', got {_show(d.split)}")
+        raise ctx.error("data.split", f"a {kind} source has only the split 'train', got {show(d.split)}")
     if d.task_config and kind != "reasoning_gym":
-        raise ctx.error("data.task_config", f"only applies to a reasoning_gym source, not {_show(d.source)}")
+        raise ctx.error("data.task_config", f"only applies to a reasoning_gym source, not {show(d.source)}")
     for key in ("size", "seed"):
         if key in d.task_config:
             raise ctx.error(f"data.task_config.{key}", f"is data.{key}; set it there")
     if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", d.reward):
-        raise ctx.error("data.reward", f"expected an import path module:function, got {_show(d.reward)}")
+        raise ctx.error("data.reward", f"expected an import path module:function, got {show(d.reward)}")
     for key in ("split", "question_key", "answer_key"):
         if not getattr(d, key):
             raise ctx.error(f"data.{key}", "must not be empty")
@@ -514,7 +337,7 @@ def source_kind(source: str) -> Literal["reasoning_gym", "file", "hub"]:
     return "hub"
 
 
-def _resolve_paths(r: Recipe, ctx: _Context) -> Recipe:
+def _resolve_paths(r: Recipe, ctx: Context) -> Recipe:
     def absolute(path: str, p: Optional[str]) -> Optional[str]:
         if p is not None and not p.strip():
             raise ctx.error(path, "must not be empty (null for the default)")
@@ -532,36 +355,3 @@ def _resolve_paths(r: Recipe, ctx: _Context) -> Recipe:
     return dataclasses.replace(r, run=run, model=model, data=data)
 
 
-# ---- small helpers ------------------------------------------------------------------------------
-
-def _get(obj: Any, path: str) -> Any:
-    for k in path.split("."):
-        obj = getattr(obj, k)
-    return obj
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _copy(raw: Any) -> Any:
-    if isinstance(raw, Mapping):
-        return {k: _copy(v) for k, v in raw.items()}
-    if isinstance(raw, (list, tuple)):
-        return [_copy(v) for v in raw]
-    return raw
-
-
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in _schema_fields(type(value))}
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    return value
