@@ -149,29 +149,43 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, *, block: int,
         lambda x, t: token_logprobs_ref(x, t, temperature=temperature), logits, token_ids)
 
 
-def _attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: list[int], scale: float) -> torch.Tensor:
+# fp32 attention scores one padded reference call may hold ([B, H, L, L]); longer sequences go in
+# smaller groups (one alone at worst), so a long-context micro-batch does not multiply the peak.
+ATTENTION_REF_SCORE_BYTES = 1 << 30
+
+
+def _attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: list[int], scale: float,
+                   score_bytes: int = ATTENTION_REF_SCORE_BYTES) -> torch.Tensor:
     """Causal attention of each sequence's rows over its own keys (all new in this step), fp32 inside.
 
-    The sequences are padded at their ends into one [B, H, L, D] batch (a pad row reads a zero row)
-    and attended in ONE causal call: a real row only sees earlier positions of its own sequence, and
-    the pad rows' outputs are dropped, so no gradient flows through them. One call per layer instead
-    of one per sequence: the backward of a GRPO micro-batch is otherwise bound by kernel launches.
+    Consecutive sequences are padded at their ends into one [B, H, L, D] batch and attended in ONE
+    causal call per group (one call per layer for a GRPO micro-batch, instead of one per sequence:
+    the backward was bound by kernel launches). A pad row repeats its sequence's first row: a real
+    row never sees it (it comes later), and the pad rows' outputs are dropped, so no gradient flows
+    through them.
     """
-    lengths = [e - s for s, e in zip(cu_q, cu_q[1:])]
-    width, n = max(lengths), q.shape[0]
-    device = q.device
-    pos = torch.arange(width, device=device)
-    starts = torch.tensor(cu_q[:-1], device=device)
-    real = pos < torch.tensor(lengths, device=device)[:, None]  # [B, L]
-    index = torch.where(real, starts[:, None] + pos, n)  # row n: the appended zero row
-
-    def padded(x: torch.Tensor, heads: int) -> torch.Tensor:  # [T, h, D] -> [B, heads, L, D] fp32
-        x = torch.cat((x.float(), x.new_zeros((1, *x.shape[1:]), dtype=torch.float32)))
-        return x[index].repeat_interleave(heads // x.shape[1], 2).transpose(1, 2)
-
     heads = q.shape[1]
-    o = F.scaled_dot_product_attention(padded(q, heads), padded(k, heads), padded(v, heads), is_causal=True,
-                                       scale=scale)
+    lengths = [e - s for s, e in zip(cu_q, cu_q[1:])]
+    groups, first = [], 0
+    for i in range(1, len(lengths) + 1):
+        if i == len(lengths) or (i - first + 1) * heads * max(lengths[first:i + 1]) ** 2 * 4 > score_bytes:
+            groups.append((first, i))
+            first = i
+    return torch.cat([_padded_attention(q, k, v, cu_q[a:b], lengths[a:b], scale) for a, b in groups])
+
+
+def _padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: list[int], lengths: list[int],
+                      scale: float) -> torch.Tensor:
+    device, heads = q.device, q.shape[1]
+    pos = torch.arange(max(lengths), device=device)
+    first = torch.tensor(starts, device=device)[:, None]
+    real = pos < torch.tensor(lengths, device=device)[:, None]  # [B, L]
+    index = torch.where(real, first + pos, first)
+
+    def padded(x: torch.Tensor) -> torch.Tensor:  # [T, h, D] -> [B, heads, L, D] fp32
+        return x[index].float().repeat_interleave(heads // x.shape[1], 2).transpose(1, 2)
+
+    o = F.scaled_dot_product_attention(padded(q), padded(k), padded(v), is_causal=True, scale=scale)
     # the kernel rounds P to the value dtype before P @ V; the gradient ignores that rounding
     return o.transpose(1, 2)[real].to(q.dtype)
 

@@ -105,6 +105,35 @@ def test_a_cached_prefix_is_refused_under_grad(tmp_path):
         completion_logprobs(model, [([1, 2, 3], 3)], [1.0])
 
 
+def _attention_per_sequence(q, k, v, cu, scale):
+    """The plain formula, one sequence at a time (GQA by repeating k/v heads)."""
+    rep = q.shape[1] // k.shape[1]
+    outs = []
+    for s, e in zip(cu, cu[1:]):
+        qb, kb, vb = (x[s:e].float().repeat_interleave(r, 1).transpose(0, 1) for x, r in ((q, 1), (k, rep), (v, rep)))
+        outs.append(torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale)
+                    .transpose(0, 1).to(q.dtype))
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("score_bytes", [1, 40_000, 1 << 30], ids=["one-each", "groups", "one-call"])
+def test_the_padded_attention_reference_is_the_per_sequence_formula(score_bytes):
+    """Padding sequences into one causal call (or a few, under a memory bound) changes neither the
+    output nor the gradients: pad rows are never attended and their outputs are dropped."""
+    from detent_rl.kernels.autograd import _attention_ref
+    g = torch.Generator().manual_seed(0)
+    cu = [0, 5, 6, 30, 47, 50]
+    q, k, v = (torch.randn(50, h, 16, generator=g, requires_grad=True) for h in (4, 2, 2))
+    got, want = _attention_ref(q, k, v, cu, 0.25, score_bytes), _attention_per_sequence(q, k, v, cu, 0.25)
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-6)
+    up = torch.randn(got.shape, generator=g)
+    for a, b in zip(torch.autograd.grad(got, (q, k, v), up), torch.autograd.grad(want, (q, k, v), up)):
+        assert torch.allclose(a, b, atol=1e-5)
+    # the control: the pack attended as one sequence (no padding) lets rows read other sequences
+    shuffled = _attention_per_sequence(q, k, v, [0, 50], 0.25)
+    assert not torch.allclose(shuffled, want, atol=1e-3)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_gpu_forward_with_grad_has_the_rollout_bits_and_close_gradients(tmp_path, dtype):
