@@ -9,10 +9,7 @@ set -uo pipefail
 root=$(pwd)
 out=${OUT:-/tmp/gpu_suite}
 mkdir -p "$out"
-pkg=$(mktemp -d)/site
-mkdir -p "$pkg/detent_rl"
-for f in "$root"/detent_rl/*; do ln -s "$f" "$pkg/detent_rl/"; done
-for d in selir kernels rollout trainer; do ln -s "$root/$d" "$pkg/detent_rl/$d"; done
+pkg=$(bash "$root/bench/link_package.sh" "$root")
 export PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export DETENT_CACHE_DIR=/tmp/selir-cache  # outside $OUT: only 8 files come back from there
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())' | tee "$out/env.txt"

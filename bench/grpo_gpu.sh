@@ -17,10 +17,7 @@ root=$(pwd)
 home=${DETENT_DEVICE_HOME:-$HOME/detent}
 out=${OUT:-/tmp/grpo_gpu}
 mkdir -p "$home/site" "$out"
-pkg=$(mktemp -d)/pkg  # the package as symlinks into this call's working tree (no pip install -e there)
-mkdir -p "$pkg/detent_rl"
-for f in "$root"/detent_rl/*; do ln -s "$f" "$pkg/detent_rl/"; done
-for d in selir kernels rollout trainer; do ln -s "$root/$d" "$pkg/detent_rl/$d"; done
+pkg=$(bash "$root/bench/link_package.sh" "$root")  # no pip install -e on the device
 export PYTHONPATH="$pkg:$home/site" PYTHONUNBUFFERED=1
 export DETENT_MODELS_DIR=$home/models DETENT_CACHE_DIR=$home/selir-cache
 

@@ -34,8 +34,8 @@ def main() -> None:
         steps = [m["step"] for m in metrics]
         values = [m["reward_mean"] for m in metrics]
         line, = reward.plot(steps, values, alpha=0.35, linewidth=0.8)
-        avg = [sum(values[max(0, i - args.window + 1):i + 1]) / len(values[max(0, i - args.window + 1):i + 1])
-               for i in range(len(values))]
+        spans = (values[max(0, i - args.window + 1):i + 1] for i in range(len(values)))
+        avg = [sum(span) / len(span) for span in spans]
         reward.plot(steps, avg, color=line.get_color(), label=f"{label} ({args.window}-step mean)")
         bits.plot([c["step"] for c in checks], [100 * c["bit_match"] for c in checks], color=line.get_color(),
                   marker="o" if len(checks) <= 30 else None, markersize=3, label=label)

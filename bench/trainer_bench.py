@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from detent_rl.kernels.selections import ARMS
 from detent_rl.models.builtin import NAMES, builtin_checkpoint
 from detent_rl.trainer.grpo import LossConfig
 from detent_rl.trainer.trainer import OptimConfig, Sample
@@ -44,7 +45,7 @@ def timed(fn, repeats: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="qwen2-0.5b", help=f"a built-in ({', '.join(NAMES)}) or a checkpoint dir")
-    ap.add_argument("--arm", default="detent", choices=("stock", "det", "detent"))
+    ap.add_argument("--arm", default="detent", choices=ARMS)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seqs", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=100)
