@@ -13,7 +13,7 @@ import tempfile
 import time
 import timeit
 
-from detent_rl.kernels.selection.registry import programs
+from detent_rl.kernels.programs.registry import programs
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import solve
 

@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from detent_rl.kernels.selection.registry import programs
+from detent_rl.kernels.programs.registry import programs
 from detent_rl.selir.dot import to_dot
 from detent_rl.selir.report import render, report_row
 from detent_rl.selir.solver import analyze

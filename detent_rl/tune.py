@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 
 from detent_rl.kernels.matmul import linear, tile_params
-from detent_rl.kernels.selection import matmul as matmul_program
+from detent_rl.kernels.programs import matmul as matmul_program
 from detent_rl.kernels.selections import CommitmentTuple, site_key
 from detent_rl.models.layers import Linear
 from detent_rl.models.model import CausalLM

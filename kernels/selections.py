@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from detent_rl.kernels.selection import attention, matmul, rows
+from detent_rl.kernels.programs import attention, matmul, rows
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.errors import SelIRError
 from detent_rl.selir.selector import Selector

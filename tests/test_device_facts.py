@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from detent_rl.kernels.selection.registry import programs
+from detent_rl.kernels.programs.registry import programs
 
 pytestmark = pytest.mark.gpu
 

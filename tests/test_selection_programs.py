@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from detent_rl.kernels.selection import allreduce, attention, matmul, moe
+from detent_rl.kernels.programs import allreduce, attention, matmul, moe
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import analyze, solve
 

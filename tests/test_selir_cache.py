@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 import detent_rl.selir.solver as solver_mod
-from detent_rl.kernels.selection import attention as attn_mod
+from detent_rl.kernels.programs import attention as attn_mod
 from detent_rl.selir.cache import JITCache, cache_key
 from detent_rl.selir.solver import solve
 from selir_helpers import HEADER, load_module

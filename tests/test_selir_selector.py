@@ -7,7 +7,7 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from detent_rl.kernels.selection import attention as attn_mod
+from detent_rl.kernels.programs import attention as attn_mod
 from detent_rl.selir import SelectionError
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import solve

@@ -6,7 +6,7 @@ import random
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from detent_rl.kernels.selection import allreduce, attention, matmul, moe
+from detent_rl.kernels.programs import allreduce, attention, matmul, moe
 from detent_rl.selir.errors import SelIRError
 from detent_rl.selir.legal import enumerate_legal, judge
 from detent_rl.selir.solver import analyze, domains_of

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from detent_rl.kernels.selection.sglang import fa3 as FA3
-from detent_rl.kernels.selection.sglang import triton_decode as TD
+from detent_rl.kernels.programs.sglang import fa3 as FA3
+from detent_rl.kernels.programs.sglang import triton_decode as TD
 from detent_rl.selir import float32
 
 

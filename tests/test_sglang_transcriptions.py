@@ -1,4 +1,4 @@
-"""Tests of the SelIR transcriptions of SGLang 0.5.23's kernel selection (kernels/selection/sglang/).
+"""Tests of the SelIR transcriptions of SGLang 0.5.23's kernel selection (kernels/programs/sglang/).
 
 Golden values and how they were produced (the throwaway scripts lived under /tmp, not in this repo):
   * Triton decode: SGLang's real Triton kernel `get_num_kv_splits_triton` (copied verbatim from the
@@ -27,10 +27,10 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from detent_rl.kernels.selection.sglang import custom_allreduce_v2 as AR
-from detent_rl.kernels.selection.sglang import fa3 as FA3
-from detent_rl.kernels.selection.sglang import moe_config as MOE
-from detent_rl.kernels.selection.sglang import triton_decode as TD
+from detent_rl.kernels.programs.sglang import custom_allreduce_v2 as AR
+from detent_rl.kernels.programs.sglang import fa3 as FA3
+from detent_rl.kernels.programs.sglang import moe_config as MOE
+from detent_rl.kernels.programs.sglang import triton_decode as TD
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import solve
 

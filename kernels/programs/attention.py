@@ -13,7 +13,7 @@ the trainer's one-shot prefill cut every row's keys at the same places.
 """
 from __future__ import annotations
 
-from detent_rl.kernels.selection.sglang.fa3 import num_splits_heuristic, round_up_headdim, should_pack_gqa
+from detent_rl.kernels.programs.sglang.fa3 import num_splits_heuristic, round_up_headdim, should_pack_gqa
 from detent_rl.selir import Fact, Runtime, Unpinnable, assume, knob, require, selection
 
 MAX_SPLITS = 128  # the partial-output buffer holds this many splits per row

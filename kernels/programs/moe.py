@@ -7,7 +7,7 @@ cut falls inside the program on the row key: one pin fixes every field of the co
 """
 from __future__ import annotations
 
-from detent_rl.kernels.selection.sglang.moe_config import H200_E128_N768  # as SGLang 0.5.23 ships it
+from detent_rl.kernels.programs.sglang.moe_config import H200_E128_N768  # as SGLang 0.5.23 ships it
 from detent_rl.selir import Fact, Unpinnable, assume, nearest_key, require, selection
 
 INT32_MAX = 2**31 - 1

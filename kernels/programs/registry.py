@@ -5,15 +5,15 @@ import importlib
 from typing import Any
 
 _MODULES = (
-    "detent_rl.kernels.selection.attention",
-    "detent_rl.kernels.selection.matmul",
-    "detent_rl.kernels.selection.moe",
-    "detent_rl.kernels.selection.allreduce",
-    "detent_rl.kernels.selection.rows",
-    "detent_rl.kernels.selection.sglang.triton_decode",
-    "detent_rl.kernels.selection.sglang.fa3",
-    "detent_rl.kernels.selection.sglang.moe_config",
-    "detent_rl.kernels.selection.sglang.custom_allreduce_v2",
+    "detent_rl.kernels.programs.attention",
+    "detent_rl.kernels.programs.matmul",
+    "detent_rl.kernels.programs.moe",
+    "detent_rl.kernels.programs.allreduce",
+    "detent_rl.kernels.programs.rows",
+    "detent_rl.kernels.programs.sglang.triton_decode",
+    "detent_rl.kernels.programs.sglang.fa3",
+    "detent_rl.kernels.programs.sglang.moe_config",
+    "detent_rl.kernels.programs.sglang.custom_allreduce_v2",
 )
 
 
