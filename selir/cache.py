@@ -24,8 +24,9 @@ import detent_rl
 from detent_rl.selir import ranges
 from detent_rl.selir.graph import Node
 from detent_rl.selir.lower import reachable
+from detent_rl.selir.exec import Cond
 from detent_rl.selir.program import Program, canonical
-from detent_rl.selir.specialize import Cond
+from detent_rl.selir.solution import Solution
 
 FORMAT = 2
 ENV_DIR = "DETENT_CACHE_DIR"
@@ -78,7 +79,6 @@ def dump_solution(sol: Any) -> dict:
 
 
 def load_solution(data: dict) -> Any:
-    from detent_rl.selir.solution import Solution
     nodes: dict[int, Node] = {}
     for i, op, args, aux, type_ in data["nodes"]:
         nodes[i] = Node(i, op, tuple(nodes[v] if k else v for k, v in args), aux, type_, ranges.FULL)

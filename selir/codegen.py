@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 from detent_rl.selir import ops
 from detent_rl.selir.graph import Node
+from detent_rl.selir.lower import reachable
 
 RUNTIME_HELPERS = {"_fdiv": ops.fdiv, "_tdiv": ops.tdiv, "_mod": ops.mod, "_pow": ops.power,
                    "_ceil": ops.ceil, "_trunc": ops.trunc, "_nearest": ops.nearest, "_f32": ops.to_float32}
@@ -55,7 +56,6 @@ class Emitter:
 
     def slice(self, roots: Iterable[Any]) -> list[Node]:
         """Nodes the roots need, stopping at pinned nodes and knobs, in topological order."""
-        from detent_rl.selir.lower import reachable
         need = reachable(list(roots), stop=lambda n: n.id in self.pinned or n.op == "knob")
         return sorted(need.values(), key=lambda n: n.id)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from detent_rl.selir.errors import SelIRError
 from detent_rl.selir.flow import INF, min_vertex_cut
 from detent_rl.selir.graph import Node
 from detent_rl.selir.lower import DepGraph
@@ -51,7 +52,6 @@ def cost_of(n: Node, dist: int, big: int) -> float:
 def min_cut(g: DepGraph) -> Cut:
     for name, n in g.point_nodes(batch_only=True).items():
         if n.op == "input" and n.aux[1] == "Unpinnable":
-            from detent_rl.selir.errors import SelIRError
             raise SelIRError(f"selection point '{name}' is the Unpinnable input '{n.aux[0]}' itself: "
                              "nothing can be pinned to make it batch-invariant")
     dist = distances_to_points(g)

@@ -7,12 +7,29 @@ guarded by the path condition under which they are reached.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from detent_rl.selir import syntax as S
 from detent_rl.selir.errors import SelIRError
+from detent_rl.selir.exprs import eval_expr
 from detent_rl.selir.graph import Builder, Node
 from detent_rl.selir.values import shape, zip_leaves
+
+
+@dataclass(frozen=True)
+class Cond:
+    """A require/assume (explicit or implicit), already guarded by its path condition."""
+    kind: str
+    value: Any  # Node (bool) or a constant
+    line: int
+    file: str
+    text: str
+    message: str = ""
+
+    def describe(self) -> str:
+        msg = f" ({self.message})" if self.message else ""
+        return f"{self.kind}({self.text}){msg} at {self.file}:{self.line}"
 
 
 class Evaluator:
@@ -157,14 +174,12 @@ class Evaluator:
         env.update(zip(targets, v))
 
     def condition(self, prog: Any, kind: str, v: Any, pc: Any, line: int, text: str, msg: str = "") -> None:
-        from detent_rl.selir.specialize import Cond
         guarded = self.b.make("select", pc, v, True)
         if guarded is not True:
             self.conditions.append(Cond(kind, guarded, line, prog.file, text, msg))
 
     # ---- expressions -------------------------------------------------------------------
     def expr(self, prog: Any, e: S.Expr, env: dict, pc: Any) -> Any:
-        from detent_rl.selir.exprs import eval_expr
         return eval_expr(self, prog, e, env, pc)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from detent_rl.selir import ops, syntax as S
+from detent_rl.selir.calls import eval_call
 from detent_rl.selir.graph import Node
 from detent_rl.selir.values import as_rec, is_static, shape, zip_leaves
 
@@ -88,7 +89,6 @@ def eval_expr(ev: Any, prog: Any, e: S.Expr, env: dict, pc: Any) -> Any:
             raise ev.fail(prog, e.line, "dict keys must be constant after specialization")
         return {k: rec(v) for k, v in zip(keys, e.values)}
     if isinstance(e, S.Call):
-        from detent_rl.selir.calls import eval_call
         return eval_call(ev, prog, e, [rec(a) for a in e.args], {k: rec(v) for k, v in e.kwargs}, env, pc)
     raise ev.fail(prog, e.line, f"unsupported expression {type(e).__name__}")
 

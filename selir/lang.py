@@ -1,14 +1,18 @@
-"""The surface of SelIR that selection programs import.
+"""The surface of SelIR that selection programs import: input kinds, knobs, checks, records.
 
-Programs are plain Python functions decorated with `@selection`. Their bodies are never run by
-CPython: `@selection` parses them (and rejects anything outside the subset), and every evaluation
-goes through the compiler, so a program means the same thing to the solver and to the engine.
+Programs are plain Python functions decorated with `@selection` (`parse.py`, re-exported with
+these names by `detent_rl.selir`). Their bodies are never run by CPython: `@selection` parses them
+(and rejects anything outside the subset), and every evaluation goes through the compiler, so a
+program means the same thing to the solver and to the engine. The parser recognises the calls below
+by identity; this module sits at the bottom of SelIR's imports (only `ops` below it).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 from typing import Any, Generic, TypeVar
+
+from detent_rl.selir.ops import to_float32
 
 T = TypeVar("T")
 
@@ -58,7 +62,6 @@ def ceil(x: float) -> int:
 
 def float32(x: float) -> float:
     """`x` rounded to the nearest float32 (ties to even), for transcribing float32 host code."""
-    from detent_rl.selir.ops import to_float32
     return to_float32(x)
 
 
@@ -75,13 +78,3 @@ def is_record_type(obj: Any) -> bool:
 
 def is_record(value: Any) -> bool:
     return is_record_type(type(value))
-
-
-def selection(fn=None, *, name: str | None = None):
-    """Decorate a selection program: parse it now, reject what the subset does not allow."""
-    from detent_rl.selir.program import Program
-
-    def wrap(f):
-        return Program.from_function(f, name=name)
-
-    return wrap(fn) if fn is not None else wrap

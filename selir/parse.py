@@ -1,4 +1,5 @@
-"""Parse a Python function's `ast` into SelIR syntax, rejecting anything outside the subset.
+"""`@selection`: parse a Python function's `ast` into SelIR syntax, rejecting anything outside the
+subset, and make it a `Program`.
 
 Every rejection names the file, the line and the construct, at decoration time.
 """
@@ -6,10 +7,13 @@ from __future__ import annotations
 
 import ast
 import builtins
+import inspect
+import textwrap
 from typing import Any, Callable
 
 from detent_rl.selir import lang, syntax as S
 from detent_rl.selir.errors import SelIRError
+from detent_rl.selir.program import Program
 
 BUILTINS = ("min", "max", "abs", "int", "float", "bool", "len", "range")
 LANG_CALLS = ("knob", "nearest_key", "ceil", "float32")
@@ -250,7 +254,6 @@ class Parser:
         target = self.scope.get(fname, getattr(builtins, fname, None))
         if target is None:
             raise self.fail(node, f"call to undefined '{fname}'")
-        from detent_rl.selir.program import Program
         if isinstance(target, Program):
             return S.Call(ln, "selection", target, args, kwargs)
         if lang.is_record_type(target):
@@ -276,3 +279,24 @@ def parse_function(fn: Callable, file: str, first_line: int,
     if not body:
         raise SelIRError("empty selection program", file=file, line=first_line)
     return params, body
+
+
+def parse_program(fn: Callable, *, name: str | None = None) -> Program:
+    """The Program of a plain function: its source read, parsed and checked against the subset."""
+    try:
+        lines, first = inspect.getsourcelines(fn)
+        file = inspect.getsourcefile(fn) or "<unknown>"
+    except (OSError, TypeError) as e:
+        raise SelIRError(f"cannot read the source of {fn.__qualname__}: {e}") from e
+    source = textwrap.dedent("".join(lines))
+    params, body = parse_function(fn, file, first, source)
+    return Program(name or fn.__name__, f"{fn.__module__}.{fn.__qualname__}", file, first, params, body, fn)
+
+
+def selection(fn=None, *, name: str | None = None):
+    """Decorate a selection program: parse it now, reject what the subset does not allow."""
+
+    def wrap(f):
+        return parse_program(f, name=name)
+
+    return wrap(fn) if fn is not None else wrap

@@ -1,16 +1,16 @@
-"""A parsed selection program: its parameters, its body and a canonical text for hashing."""
+"""A parsed selection program: its parameters, its body and a canonical text for hashing.
+
+`@selection` (`parse.py`) makes Programs; calling one evaluates it through `specialize.py`.
+"""
 from __future__ import annotations
 
 import hashlib
-import inspect
-import textwrap
 from dataclasses import fields, is_dataclass
 from typing import Any, Callable
 
 from detent_rl.selir import syntax as S
-from detent_rl.selir.errors import SelIRError
 from detent_rl.selir.lang import is_record, is_record_type
-from detent_rl.selir.parse import parse_function
+from detent_rl.selir.specialize import evaluate
 
 
 def canonical(value: Any) -> str:
@@ -45,17 +45,6 @@ class Program:
         self.fn = fn
         self.digest = hashlib.sha256(canonical(body).encode() + canonical(params).encode()).hexdigest()[:16]
 
-    @classmethod
-    def from_function(cls, fn: Callable, *, name: str | None = None) -> "Program":
-        try:
-            lines, first = inspect.getsourcelines(fn)
-            file = inspect.getsourcefile(fn) or "<unknown>"
-        except (OSError, TypeError) as e:
-            raise SelIRError(f"cannot read the source of {fn.__qualname__}: {e}") from e
-        source = textwrap.dedent("".join(lines))
-        params, body = parse_function(fn, file, first, source)
-        return cls(name or fn.__name__, f"{fn.__module__}.{fn.__qualname__}", file, first, params, body, fn)
-
     def inputs(self, kind: str) -> tuple[S.Param, ...]:
         return tuple(p for p in self.params if p.kind == kind)
 
@@ -65,7 +54,6 @@ class Program:
 
     def __call__(self, knobs: dict | None = None, **values: Any) -> Any:
         """Evaluate with every input given: the reference semantics the compiled selectors must match."""
-        from detent_rl.selir.specialize import evaluate
         return evaluate(self, values, knobs or {})
 
     def __repr__(self) -> str:

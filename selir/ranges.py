@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
+from detent_rl.selir.ops import to_float32
+
 Interval = tuple[float, float]
 FULL: Interval = (-math.inf, math.inf)
 BOOL: Interval = (0, 1)
@@ -107,7 +109,6 @@ def interval(op: str, args: tuple[Optional[Interval], ...], aux: Any, is_int: bo
     if op == "float":
         return args[0]
     if op == "float32":  # rounding to nearest is monotone
-        from detent_rl.selir.ops import to_float32
         return (to_float32(args[0][0]), to_float32(args[0][1]))
     if op == "select":
         a, b = args[1], args[2]

@@ -12,24 +12,9 @@ from typing import Any, Optional
 
 from detent_rl.selir import syntax as S
 from detent_rl.selir.errors import SelectionError, SelIRError
+from detent_rl.selir.exec import Cond, Evaluator
 from detent_rl.selir.graph import Builder, Node
 from detent_rl.selir.values import flatten
-from detent_rl.selir.exec import Evaluator
-
-
-@dataclass(frozen=True)
-class Cond:
-    """A require/assume (explicit or implicit), already guarded by its path condition."""
-    kind: str
-    value: Any  # Node (bool) or a constant
-    line: int
-    file: str
-    text: str
-    message: str = ""
-
-    def describe(self) -> str:
-        msg = f" ({self.message})" if self.message else ""
-        return f"{self.kind}({self.text}){msg} at {self.file}:{self.line}"
 
 
 @dataclass
