@@ -4,13 +4,17 @@ The detent arm runs every call site through pins. Which legal pin value is faste
 workload: a tile of 128 rows suits prefill and wastes 7/8 of a 16-row decode step. The tuner times,
 on the device it runs on, every legal matmul bucket of every linear call site of the model at the
 workload's row counts (each with a weight: how many such calls a step makes), and commits the
-bucket of least weighted time. The other families keep the solver's default tuple. The result is
-a commitment-tuple JSON for `model.commitment` (engine and trainer load the same file, so both
-still select identically). This is the paper's tuner restricted to the matmul family; attention's
-split stride and the row blocks are left at their defaults.
+bucket of least weighted time. The result is a new tuple: the model's resolved tuple
+(`KernelSelections.resolved()`: every site it has, at the loaded tuple's values or the solver's
+defaults, and the deployment) with the matmul sites replaced; the model's own selections are not
+touched. Written as JSON for `model.commitment` (engine and trainer load the same file, so both
+still select identically); it records the deployment it was tuned for, and a model of another
+deployment (other shapes, dtype or limits) refuses it, so tune with the run's recipe (or pass the
+run's limits with --model). This is the paper's tuner restricted to the matmul family; attention's
+split stride and the row blocks keep their values.
 
     python -m detent_rl.tune --recipe recipes/grpo_bf16.yaml --out tuned.json
-    python -m detent_rl.tune --model qwen2-0.5b --device cuda --rows 32:256,4096:1 --out tuned.json
+    python -m detent_rl.tune --model qwen2-0.5b --device cuda --rows 32:256,4096:1 --max-context 2048 --out t.json
 """
 from __future__ import annotations
 
@@ -23,12 +27,11 @@ from typing import Optional
 
 import torch
 
+from detent_rl.kernels.commitment import CommitmentTuple, SiteCommitment
 from detent_rl.kernels.matmul import linear, tile_params
-from detent_rl.kernels.programs import matmul as matmul_program
-from detent_rl.kernels.selections import CommitmentTuple, site_key
+from detent_rl.kernels.selections import site_key
 from detent_rl.models.layers import Linear
 from detent_rl.models.model import CausalLM
-from detent_rl.selir.solver import solve
 
 
 def _time(fn, device: torch.device, repeats: int) -> float:
@@ -47,8 +50,9 @@ def _time(fn, device: torch.device, repeats: int) -> float:
 
 def tune_matmul(model: CausalLM, rows: dict[int, float], repeats: int = 3, log=print,
                 head_rows: Optional[dict[int, float]] = None) -> CommitmentTuple:
-    """The model's commitment tuple with each matmul site's bucket chosen by weighted time at `rows`
-    (`head_rows` for the LM head, which sees only the rows whose logits are needed)."""
+    """A new commitment tuple: the model's resolved one with each matmul site's bucket chosen by
+    weighted time at `rows` (`head_rows` for the LM head, which sees only the rows whose logits are
+    needed). The model and the tuple it was loaded with are left as they were."""
     sel = model.selections
     if sel.arm != "detent":
         raise ValueError(f"tuning commits pins of the detent arm; this model's arm is {sel.arm}")
@@ -68,9 +72,10 @@ def tune_matmul(model: CausalLM, rows: dict[int, float], repeats: int = 3, log=p
             else:
                 site_rows[key] = {**rows, **site_rows.get(key, {})}
     gen = torch.Generator(device=model.device).manual_seed(0)
+    tuned: dict[str, SiteCommitment] = {}
     for key, w in sorted(sites.items()):
         n, k = w.shape
-        sol = solve(matmul_program.matmul, sel.deployment.facts("matmul", {"n": n, "k": k}), cache=sel.cache)
+        sol = sel.solution("matmul", n=n, k=k)
         buckets = sorted({sol.split(a)[0]["bucket"] for a in sol.legal if sol.split(a)[1]["pad_m"] == 1})
         xs = {m: torch.randn(m, k, generator=gen, device=model.device).to(w.dtype) for m in site_rows[key]}
         costs = {}
@@ -79,10 +84,10 @@ def tune_matmul(model: CausalLM, rows: dict[int, float], repeats: int = 3, log=p
             costs[bucket] = sum(weight * _time(lambda m=m: linear(xs[m], w, None, **tile_params(selector(m))),
                                                model.device, repeats) for m, weight in site_rows[key].items())
         best = min(costs, key=costs.get)
-        sel.commitment.entries[key] = {"pins": {"bucket": best}, "knobs": {"pad_m": 1}}
+        tuned[key] = SiteCommitment({"bucket": best}, {"pad_m": 1})
         log(f"{key}: bucket {best} (one call site's ms per step, by bucket: "
             + ", ".join(f"{b}: {c * 1e3:.2f}" for b, c in costs.items()) + ")")
-    return sel.commitment
+    return sel.resolved().with_sites(tuned)
 
 
 def recipe_rows(recipe_path: str, overrides: list[str]
@@ -122,11 +127,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--rows", help="M:weight,... row counts of one step and how often each occurs")
+    limits = {"max_context": 4096, "max_batch": 256, "max_num_tokens": 8192}  # load_model's defaults
+    for name, default in limits.items():
+        ap.add_argument(f"--{name.replace('_', '-')}", type=int,
+                        help=f"deployment limit, as the run will have it (without --recipe; default {default})")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", required=True, help="the commitment-tuple JSON to write")
     args = ap.parse_args(argv)
     head = None
+    given = {name: getattr(args, name) for name in limits if getattr(args, name) is not None}
     if args.recipe:
+        if given:
+            ap.error(f"--recipe sets the deployment limits; {', '.join(given)} cannot be given with it")
         model, rows, head = recipe_rows(args.recipe, args.overrides)
     else:
         if not args.model or not args.rows:
@@ -134,7 +146,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         from detent_rl.models import load_model
         from detent_rl.models.builtin import NAMES, builtin_checkpoint
         path = builtin_checkpoint(args.model) if args.model in NAMES else Path(args.model)
-        model = load_model(path, "detent", device=args.device, dtype=getattr(torch, args.dtype))
+        model = load_model(path, "detent", device=args.device, dtype=getattr(torch, args.dtype),
+                           **{**limits, **given})
     if args.rows:
         try:
             rows = {int(m): float(w) for m, w in (item.split(":") for item in args.rows.split(","))}
@@ -145,7 +158,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"tuning matmul sites at rows {rows} (LM head: {head or rows}) on {model.device}")
     tuple_ = tune_matmul(model, rows, args.repeats, head_rows=head)
     tuple_.save(args.out)
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} ({len(tuple_.sites)} sites, sha256 {tuple_.sha256()})")
     return 0
 
 

@@ -1,25 +1,29 @@
-"""The compiled selectors of one deployment in one arm, and the commitment tuple that pins them.
+"""The compiled selectors of one deployment in one arm, and the values that pin them.
 
 Three arms. `stock`: the selection programs unpinned, reading the batch as engines ship them.
-`detent`: pinned by the solver to the commitment tuple (the solver's default tuple where the file
-has no entry yet). `det`: one conservative configuration per op, the way the engines' deterministic
-modes work — no split anywhere (attention reduces a row's keys in one split, matmul never splits
-K), one matmul tile for every M, one row block — chosen here without looking at the workload.
+`detent`: pinned by the solver to the commitment tuple (`kernels/commitment.py`; the solver's
+default tuple where none is given). `det`: one conservative configuration per op, the way the
+engines' deterministic modes work — no split anywhere (attention reduces a row's keys in one split,
+matmul never splits K), one matmul tile for every M, one row block — chosen here without looking
+at the workload.
 
-Every kernel call site asks `KernelSelections.get(family, **site)` for its selector once (a matmul
-site names its n and k) and calls it with the batch's values on every launch. The engine and the
-trainer build this object from the same deployment and the same commitment-tuple file, so both
-run the same kernels with the same parameters.
+Every kernel call site asks `KernelSelections.get(family, **site)` for its selector once, when the
+model is built (a matmul site names its n and k), and calls it with the batch's values on every
+launch. The engine and the trainer build this object from the same deployment and the same
+commitment-tuple file, so both run the same kernels with the same parameters.
+
+The commitment tuple is an input and is never written. Loading one checks it: it must record this
+deployment (`CommitmentTuple.check_deployment`), only the detent arm takes one, and once the model
+is built every entry must belong to a site the model asked for (`check_commitment_used`). What each
+site runs — the tuple's entry or the solver's default — is kept here and handed out as a new tuple
+by `resolved()`: that is the tuple a run records, and loading it reproduces the run's kernels.
 """
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Optional
 
+from detent_rl.kernels.commitment import CommitmentError, CommitmentTuple, SiteCommitment, listed
 from detent_rl.kernels.programs import attention, matmul, rows
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.errors import SelIRError
@@ -74,37 +78,6 @@ def site_key(family: str, site: dict) -> str:
     return family + "".join(f"[{k}={site[k]}]" for k in sorted(site))
 
 
-class CommitmentTuple:
-    """Pins and knobs per call site: `{"matmul[k=896][n=1152]": {"pins": {...}, "knobs": {...}}}`."""
-
-    def __init__(self, entries: Optional[dict] = None, deployment: Optional[dict] = None) -> None:
-        self.entries: dict[str, dict] = dict(entries or {})
-        self.deployment = deployment
-
-    @classmethod
-    def load(cls, path: os.PathLike | str) -> "CommitmentTuple":
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise SelIRError(f"commitment tuple {p}: cannot be read ({e})") from e
-        if not isinstance(data, dict) or not isinstance(data.get("sites"), dict):
-            raise SelIRError(f"commitment tuple {p}: expected an object with a 'sites' object")
-        for key, entry in data["sites"].items():
-            extra = sorted(set(entry) - {"pins", "knobs"})
-            if extra:
-                raise SelIRError(f"commitment tuple {p}: sites.{key} has unknown keys {extra}")
-        return cls(data["sites"], data.get("deployment"))
-
-    def save(self, path: os.PathLike | str) -> None:
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"deployment": self.deployment, "sites": self.entries}, f, indent=1, sort_keys=True)
-        os.replace(tmp, p)
-
-
 def det_assignment(family: str, facts: dict, sol: Solution) -> tuple[dict, dict]:
     """The det arm's (pins, knobs) of one family: its conservative configuration, no split."""
     if family == "matmul":  # the largest tile that fits, for every M; split-K never
@@ -125,42 +98,87 @@ def det_assignment(family: str, facts: dict, sol: Solution) -> tuple[dict, dict]
 
 
 class KernelSelections:
-    """Compiled selectors for every call site of one deployment, in one arm (stock, det or detent)."""
+    """Compiled selectors for every call site of one deployment, in one arm (stock, det or detent).
+
+    `commitment` (detent arm only) pins the sites it has an entry for; the others take the solver's
+    default tuple, as they do with no tuple at all. It must record `deployment`: otherwise
+    CommitmentError, naming each differing fact."""
 
     def __init__(self, deployment: Deployment, arm: str = "detent",
                  commitment: Optional[CommitmentTuple] = None, cache: Optional[JITCache] = None) -> None:
         if arm not in ARMS:
             raise SelIRError(f"unknown arm {arm!r}; expected one of {ARMS}")
+        if commitment is not None:
+            if arm != "detent":
+                raise CommitmentError(f"{commitment.label()} pins the detent arm, and the {arm} arm would "
+                                      f"ignore it: run the detent arm, or load no tuple")
+            commitment.check_deployment(asdict(deployment))
         self.deployment = deployment
         self.arm = arm
-        self.commitment = commitment or CommitmentTuple(deployment=asdict(deployment))
+        self.commitment = commitment  # the input, read only; None: the solver's default tuple
         self.cache = cache
         self._selectors: dict[str, Selector] = {}
+        self._solutions: dict[str, Solution] = {}
+        self._resolved: dict[str, SiteCommitment] = {}  # site key -> the pins and knobs it runs with
 
     def get(self, family: str, **site: Any) -> Selector:
+        """The site's selector (built on first request, then the same object)."""
         key = site_key(family, site)
         sel = self._selectors.get(key)
         if sel is None:
             sel = self._selectors[key] = self._build(family, site, key)
         return sel
 
-    def _build(self, family: str, site: dict, key: str) -> Selector:
+    def solution(self, family: str, **site: Any) -> Solution:
+        """The site's solved selection program (its pins, knobs and legal assignments), solved once."""
         if family not in FAMILIES:
             raise SelIRError(f"unknown kernel family {family!r}; known: {sorted(FAMILIES)}")
-        facts = self.deployment.facts(family, site)
-        sol = solve(FAMILIES[family], facts, cache=self.cache)
+        key = site_key(family, site)
+        sol = self._solutions.get(key)
+        if sol is None:
+            facts = self.deployment.facts(family, site)
+            sol = self._solutions[key] = solve(FAMILIES[family], facts, cache=self.cache)
+        return sol
+
+    def resolved(self) -> CommitmentTuple:
+        """A new tuple of what every site asked for so far runs with — the loaded tuple's entries and
+        the solver's defaults alike — recording this deployment. A model asks for all its sites when
+        it is built, so `model.selections.resolved()` is the model's whole tuple: save it beside a
+        run (`.save(path)`, `.sha256()`), and loading it into the detent arm runs the same kernels.
+        The det arm's is det's assignment (loaded into detent, it runs det's kernels). The stock arm
+        pins nothing and has no tuple: CommitmentError."""
+        if self.arm == "stock":
+            raise CommitmentError("the stock arm pins nothing (its selectors read the batch), so it has no "
+                                  "commitment tuple; check `selections.arm` before asking for one")
+        return CommitmentTuple(dict(self._resolved), asdict(self.deployment))
+
+    def check_commitment_used(self) -> None:
+        """Refuse a tuple with entries for sites no one asked for: a tuple made for another model
+        would otherwise fall back to defaults silently. Called once the model has asked for all
+        its sites (the end of `CausalLM.__init__`)."""
+        if self.commitment is None:
+            return
+        unknown = [key for key in self.commitment.sites if key not in self._selectors]
+        if unknown:
+            raise CommitmentError(f"{self.commitment.label()} has entries for sites this model does not have: "
+                                  f"{listed(unknown)}; the model's sites: {listed(sorted(self._selectors))}")
+
+    def _build(self, family: str, site: dict, key: str) -> Selector:
+        sol = self.solution(family, **site)
         if self.arm == "stock":
             return sol.stock()
         if self.arm == "det":
+            facts = self.deployment.facts(family, site)
             sel = sol.commit(*det_assignment(family, facts, sol))
             if family == "attention":
                 one = sel(1, 1, 1, 1)
                 if one.num_splits != 1 or one.split_size < facts["max_context"]:
                     raise SelIRError(f"det attention for {facts} splits the KV: {one}")
-            return sel
-        entry = self.commitment.entries.get(key)
-        if entry is None:  # no committed value yet: the solver's default tuple, recorded
-            pins, knobs = sol.split(sol.default)
-            self.commitment.entries[key] = {"pins": pins, "knobs": knobs}
-            return sol.commit(pins, knobs)
-        return sol.commit(entry.get("pins", {}), entry.get("knobs", {}))
+        else:
+            entry = self.commitment.sites.get(key) if self.commitment is not None else None
+            if entry is None:  # no committed value: the solver's default tuple
+                sel = sol.commit(*sol.split(sol.default))
+            else:
+                sel = sol.commit(dict(entry.pins), dict(entry.knobs))
+        self._resolved[key] = SiteCommitment(sel.pins, sel.knobs)  # commit fills pins an entry left out
+        return sel

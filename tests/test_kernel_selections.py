@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
 
-from detent_rl.kernels.selections import CommitmentTuple, Deployment, KernelSelections
+from detent_rl.kernels.commitment import CommitmentTuple
+from detent_rl.kernels.selections import Deployment, KernelSelections
 from detent_rl.selir import SelectionError, SelIRError
 
 QWEN2_05B = Deployment(num_heads=14, num_kv_heads=2, head_dim=64, hidden=896, vocab=151936)
@@ -18,11 +20,14 @@ def test_detent_sites_are_pinned_and_recorded(tmp_path):
     att = sel.get("attention")
     assert att(1, 1, 1, 10) == att(64, 300, 2000, 4000)
     assert sel.get("rmsnorm")(1) == sel.get("rmsnorm")(1000)
+    assert sel.commitment is None  # nothing loaded: the solver's default tuple, resolved in sel's own state
     path = tmp_path / "tuple.json"
-    sel.commitment.save(path)
-    again = KernelSelections(QWEN2_05B, "detent", CommitmentTuple.load(path))
+    sel.resolved().save(path)
+    loaded = CommitmentTuple.load(path)
+    again = KernelSelections(QWEN2_05B, "detent", loaded)
     assert again.get("matmul", n=1152, k=896)(3) == mm(3)
     assert set(json.loads(path.read_text())["sites"]) == {"matmul[k=896][n=1152]", "attention", "rmsnorm"}
+    assert loaded == sel.resolved() and loaded.sha256() == sel.resolved().sha256()
 
 
 def test_stock_sites_read_the_batch():
@@ -32,10 +37,11 @@ def test_stock_sites_read_the_batch():
 
 
 def test_a_committed_value_is_used_and_an_illegal_one_refused(tmp_path):
-    t = CommitmentTuple({"matmul[k=896][n=1152]": {"pins": {"bucket": 64}, "knobs": {"pad_m": 1}}})
+    here = asdict(QWEN2_05B)
+    t = CommitmentTuple({"matmul[k=896][n=1152]": {"pins": {"bucket": 64}, "knobs": {"pad_m": 1}}}, here)
     sel = KernelSelections(QWEN2_05B, "detent", t)
     assert sel.get("matmul", n=1152, k=896)(5).tile_block_m == 64
-    bad = CommitmentTuple({"attention": {"pins": {"num_splits": 1, "split_size": 128}, "knobs": {}}})
+    bad = CommitmentTuple({"attention": {"pins": {"num_splits": 1, "split_size": 128}, "knobs": {}}}, here)
     with pytest.raises(SelectionError, match="splits must cover the longest KV"):
         KernelSelections(QWEN2_05B, "detent", bad).get("attention")
 
@@ -64,7 +70,11 @@ def test_det_arm_is_one_unsplit_configuration_per_site():
     assert one.num_splits == 1 and one.split_size >= QWEN2_05B.max_context  # no split-KV
     assert sel.get("rmsnorm")(1) == sel.get("rmsnorm")(1000)
     assert sel.get("log_softmax")(1) == sel.get("log_softmax")(5000)
-    # unlike the solver's tuple, nothing is recorded: det is a policy, not a commitment
-    assert sel.commitment.entries == {}
+    # det takes no tuple; what it resolved to is its own assignment, which the detent arm reproduces
+    assert sel.commitment is None
+    resolved = sel.resolved()
+    assert resolved.sites["matmul[k=896][n=1152]"].pins["bucket"] == 8192  # the largest tile without split-K
+    detent = KernelSelections(QWEN2_05B, "detent", resolved)
+    assert detent.get("matmul", n=1152, k=896)(1) == mm(1) and detent.get("attention")(1, 1, 1, 10) == one
     stock = KernelSelections(QWEN2_05B, "stock").get("attention")
     assert stock(1, 1, 1, 4000).num_splits > 1  # the control: stock splits a long decode

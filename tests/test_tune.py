@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from detent_rl.kernels.selections import CommitmentTuple
+from detent_rl.kernels.commitment import CommitmentError, CommitmentTuple
 from detent_rl.models import load_model
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
@@ -18,11 +18,16 @@ from test_models import LIMITS, hf_model, save, sequences
 def test_tuned_tuple_is_legal_loadable_and_keeps_invariance(tmp_path):
     path = save(hf_model("qwen2"), tmp_path / "m")
     model = load_model(path, "detent", dtype=torch.float32, **LIMITS)
+    before = model.selections.resolved()
     lines = []
     tuned = tune_matmul(model, {4: 8.0, 100: 1.0}, repeats=1, log=lines.append, head_rows={4: 9.0})
-    matmul_sites = {k for k in tuned.entries if k.startswith("matmul")}
+    matmul_sites = {k for k in tuned.sites if k.startswith("matmul")}
     assert matmul_sites and len(lines) == len(matmul_sites)
-    assert all(tuned.entries[k]["pins"]["bucket"] in (16, 32, 64, 128, 256, 8192) for k in matmul_sites)
+    assert all(tuned.sites[k].pins["bucket"] in (16, 32, 64, 128, 256, 8192) for k in matmul_sites)
+    # a new tuple: every site of the model, the others at the model's values; the model is untouched
+    assert set(tuned.sites) == set(before.sites) and tuned.deployment == before.deployment
+    assert all(tuned.sites[k] == before.sites[k] for k in set(before.sites) - matmul_sites)
+    assert model.selections.commitment is None and model.selections.resolved() == before
     tuned.save(tmp_path / "t.json")
     again = load_model(path, "detent", dtype=torch.float32, commitment=CommitmentTuple.load(tmp_path / "t.json"),
                        **LIMITS)
@@ -41,9 +46,20 @@ def test_cli_and_its_errors(tmp_path, capsys):
     assert main(["--model", str(path), "--dtype", "float32", "--rows", "4:2,64:1", "--repeats", "1",
                  "--out", str(out)]) == 0
     assert any(k.startswith("matmul") for k in json.loads(out.read_text())["sites"])
+    assert f"sha256 {CommitmentTuple.load(out).sha256()}" in capsys.readouterr().out
+    # tuned for the default limits: a run with other limits refuses it; tuned with the run's, it loads
+    with pytest.raises(CommitmentError, match="deployment: max_context: tuple 4096, model 256; max_batch: tuple 256, "
+                                              "model 16; max_num_tokens: tuple 8192, model 512 "):
+        load_model(path, "detent", dtype=torch.float32, commitment=CommitmentTuple.load(out), **LIMITS)
+    assert main(["--model", str(path), "--dtype", "float32", "--rows", "4:1", "--repeats", "1", "--out", str(out),
+                 *(f"--{k.replace('_', '-')}={v}" for k, v in LIMITS.items())]) == 0
+    load_model(path, "detent", dtype=torch.float32, commitment=CommitmentTuple.load(out), **LIMITS)
     with pytest.raises(SystemExit):
         main(["--model", str(path), "--rows", "4-2", "--out", str(out)])
     assert "expected M:weight" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--recipe", "r.yaml", "--max-batch", "8", "--out", str(out)])
+    assert "--recipe sets the deployment limits; max_batch cannot be given with it" in capsys.readouterr().err
     stock = load_model(path, "stock", dtype=torch.float32, **LIMITS)
     with pytest.raises(ValueError, match="detent arm"):
         tune_matmul(stock, {4: 1.0})

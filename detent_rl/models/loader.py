@@ -14,7 +14,8 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional
 import torch
 from safetensors import safe_open
 
-from detent_rl.kernels.selections import CommitmentTuple, KernelSelections
+from detent_rl.kernels.commitment import CommitmentTuple
+from detent_rl.kernels.selections import KernelSelections
 from detent_rl.models.config import ModelConfig
 from detent_rl.models.layers import Device, copy_weight
 from detent_rl.models.model import CausalLM, deployment_for
@@ -36,9 +37,10 @@ def load_model(path: str | Path, selections: KernelSelections | str = "detent", 
                max_num_tokens: int = 8192) -> CausalLM:
     """The model of checkpoint directory `path`, its weights loaded.
 
-    `selections` is a built KernelSelections, or an arm name ("detent", "stock") to build one for
-    this model with the given deployment limits (and `commitment`, the tuple file's pins). `dtype`
-    defaults to the config's dtype (fp32 if it names none).
+    `selections` is a built KernelSelections, or an arm name ("detent", "det", "stock") to build one
+    for this model with the given deployment limits and, for the detent arm, `commitment` (a loaded
+    tuple file: it must record this deployment and only sites this model has, or CommitmentError).
+    `dtype` defaults to the config's dtype (fp32 if it names none).
     """
     root = Path(path)
     config = ModelConfig.from_file(root)
@@ -47,6 +49,9 @@ def load_model(path: str | Path, selections: KernelSelections | str = "detent", 
         deployment = deployment_for(config, dtype, page_size=page_size, max_context=max_context,
                                     max_batch=max_batch, max_num_tokens=max_num_tokens)
         selections = KernelSelections(deployment, selections, commitment)
+    elif commitment is not None:  # the built selections have their own tuple (or none); this one would be ignored
+        raise ValueError("load_model: give `commitment` with an arm name, not with built KernelSelections "
+                         "(pass the tuple to KernelSelections instead)")
     model = CausalLM(config, selections, device, dtype)
     load_weights(model, root)
     return model

@@ -83,6 +83,10 @@ class CausalLM(nn.Module):
         if config.tie_word_embeddings:  # one tensor: a weight update reaches both uses
             self.lm_head.weight = self.model.embed_tokens.weight
         self._select_attention = selections.get("attention")
+        # the engine's and the runner's logprobs ask for this one; asked here too, so that once the model
+        # is built every site it has is known, and a tuple entry for any other site is refused
+        selections.get("log_softmax")
+        selections.check_commitment_used()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Final hidden states [T, hidden] of the step's tokens; needs `set_context` around it."""
