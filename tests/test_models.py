@@ -277,3 +277,50 @@ def test_context_is_reset_after_an_error():
             raise KeyError("boom")
     with pytest.raises(RuntimeError, match="no forward context is set"):
         get_context()
+
+
+# ---------------------------------------------------------------------------------------------
+# built-in models: one registry, a name is one checkpoint and one set of weights
+
+def test_every_builtin_name_resolves_to_one_checkpoint(tmp_path, monkeypatch):
+    import typing
+
+    from detent_rl.config import ModelSection
+    from detent_rl.models import builtin
+
+    made = []
+
+    def write(out, config, init, seed=builtin.SEED):
+        made.append((out.name, init))
+        out.mkdir(parents=True)
+        (out / "config.json").write_text(json.dumps(config))
+        return out
+
+    monkeypatch.setattr(builtin, "write_checkpoint", write)
+    monkeypatch.setattr(builtin, "smollm2_checkpoint", lambda cache_dir=None: Path(cache_dir) / "smollm2")
+    first = {name: builtin.builtin_checkpoint(name, tmp_path) for name in builtin.NAMES}
+    assert len(set(first.values())) == len(builtin.NAMES)
+    assert {name: builtin.builtin_checkpoint(name, tmp_path) for name in builtin.NAMES} == first
+    assert sorted(made) == sorted((first[n].name, b.init) for n, b in builtin.BUILTINS.items() if b.init != "gguf")
+    for name, b in builtin.BUILTINS.items():
+        if b.config is not None:  # the battery reads these configs without making the weights
+            assert ModelConfig.from_dict(b.config).vocab_size == b.config["vocab_size"]
+    recipe_names = typing.get_args(typing.get_args(typing.get_type_hints(ModelSection)["builtin"])[0])
+    assert recipe_names and set(recipe_names) <= set(builtin.NAMES)
+    with pytest.raises(ValueError, match="unknown built-in model 'nope'; known: smollm2-135m-instruct, tiny"):
+        builtin.builtin_checkpoint("nope", tmp_path)
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-qwen2"])
+def test_two_resolutions_of_a_builtin_give_identical_weights(name, tmp_path):
+    from detent_rl.models.builtin import builtin_checkpoint
+    from detent_rl.models.weights import weights_sha256
+
+    rng = torch.random.get_rng_state()
+    a, b = builtin_checkpoint(name, tmp_path / "a"), builtin_checkpoint(name, tmp_path / "b")
+    assert torch.equal(torch.random.get_rng_state(), rng), "making weights must leave the global RNG alone"
+    assert a.name == b.name and (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+    assert sorted(p.name for p in tmp_path.joinpath("a").iterdir()) == [a.name]  # no temporaries left
+    if name == "tiny-qwen2":  # the battery's default model keeps the weights its documented results had
+        model = load_model(a, "detent", "cpu", torch.float32)
+        assert weights_sha256(model) == "ea87305cf243ff84797c5148b8589d9cabd6085685b4ba6587014f5f2b175cd3"

