@@ -4,7 +4,9 @@ Every writer in the project goes through here: the bytes go to a hidden temporar
 (same filesystem, so the rename is atomic), are flushed and fsynced, the temporary is renamed onto
 the target, and the parent directory is fsynced so the rename itself survives a power cut. A writer
 killed part-way leaves only a hidden temporary, which nothing reads; `staged_dir` removes its own on
-failure and `sweep` removes stale ones a killed process left.
+failure and `sweep` removes stale ones a killed process left. A directory that other processes fill
+is split in two calls: `stage_dir` gives the temporary, `publish_dir` renames it into place;
+`remove_dir` deletes a published directory the same all-or-nothing way.
 """
 from __future__ import annotations
 
@@ -59,16 +61,21 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return Path(path)
 
 
-@contextlib.contextmanager
-def staged_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Path]:
-    """`with staged_dir(final) as tmp: <write files into tmp>`: then every file in it is fsynced and
-    `tmp` is renamed to `final`. With `replace`, an existing `final` is removed first; without it, an
-    existing `final` wins (another process published the same thing first) and `tmp` is dropped."""
+def stage_dir(path: str | os.PathLike) -> Path:
+    """A new, empty hidden temporary directory beside `path`, for `publish_dir` to rename onto it.
+    Writers in other processes may fill it; one that dies before publishing leaves it for `sweep`."""
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    return Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+
+
+def publish_dir(tmp: str | os.PathLike, path: str | os.PathLike, *, replace: bool = False) -> Path:
+    """Fsync every file in `tmp` (from `stage_dir(path)`) and rename it to `path`. With `replace`, an
+    existing `path` is first renamed aside and removed after; without it, an existing `path` wins
+    (another process published the same thing first) and `tmp` is dropped. `tmp` is used up either
+    way: renamed, or removed if anything fails."""
+    tmp, final, old = Path(tmp), Path(path), None
     try:
-        yield tmp
         for f in tmp.rglob("*"):
             if f.is_file():
                 fd = os.open(f, os.O_RDONLY)
@@ -77,8 +84,7 @@ def staged_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Pa
                 finally:
                     os.close(fd)
         os.chmod(tmp, 0o755)
-        if final.exists() and replace:
-            shutil.rmtree(final)
+        old = _set_aside(final) if replace else None
         try:
             os.rename(tmp, final)
         except OSError:
@@ -88,11 +94,49 @@ def staged_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Pa
         fsync_dir(final.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if replace and old is not None and not final.exists():
+            os.rename(old, final)  # put back what was there
         raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+@contextlib.contextmanager
+def staged_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Path]:
+    """`with staged_dir(final) as tmp: <write files into tmp>`: `stage_dir` then `publish_dir` once the
+    block ends without an exception; an exception removes `tmp` and leaves `final` as it was."""
+    tmp = stage_dir(path)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    publish_dir(tmp, path, replace=replace)
+
+
+def remove_dir(path: str | os.PathLike) -> None:
+    """Remove directory `path` as a reader sees it, at once: it is renamed to a hidden temporary
+    (atomic) and deleted from there, so a kill part-way leaves a temporary for `sweep`, never a
+    half-deleted `path`. A missing `path` is no error."""
+    aside = _set_aside(Path(path))
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _set_aside(path: Path) -> Path | None:
+    """Rename an existing `path` to a fresh hidden temporary beside it (what `sweep` removes)."""
+    if not path.exists():
+        return None
+    aside = stage_dir(path)
+    os.rename(path, aside)  # onto the empty directory mkdtemp made
+    fsync_dir(path.parent)
+    return aside
 
 
 def sweep(directory: str | os.PathLike, name: str) -> None:
-    """Remove the hidden temporaries that a killed writer of `directory/name` left behind."""
+    """Remove the hidden temporaries that a killed writer of `directory/name` left behind (`name` may
+    be a glob pattern: `sweep(d, "step_*")`). Only for temporaries no live writer still uses."""
     for stale in Path(directory).glob(f".{name}.*.tmp"):
         if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)

@@ -215,18 +215,51 @@ class Trainer:
         """The compute weights by the model's own names (what the engine's update_weights takes)."""
         return {n: p.detach().cpu() for n, p in zip(self.names, self.params)}
 
+    def _live_state(self) -> dict:
+        """The trainer's state as references to its live tensors (no copies): fp32 masters by name,
+        AdamW's state (exp_avg, exp_avg_sq, step per master, in `self.names` order), the schedule."""
+        return {"master": {n: m.detach() for n, m in zip(self.names, self.master)},
+                "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()}
+
+    def save_state(self, path: str | os.PathLike) -> None:
+        """Write the trainer's state to file `path`, streamed from the live tensors: `torch.save`
+        writes a host tensor's bytes where they lie and copies a device tensor to the host one at a
+        time, so saving adds no second copy of the state to memory. `load_state` reads it back."""
+        torch.save(self._live_state(), path)
+
+    def load_state(self, path: str | os.PathLike) -> None:
+        """Restore what `save_state` wrote: the file is memory-mapped and each tensor copied into the
+        live masters (and compute weights) and into fresh AdamW state on the masters' device."""
+        self._restore(torch.load(path, map_location="cpu", mmap=True, weights_only=True))
+
     def state_dict(self) -> dict:
-        """A snapshot (copies: the trainer goes on updating its own tensors in place)."""
-        return copy.deepcopy({"master": {n: m.detach().cpu() for n, m in zip(self.names, self.master)},
-                              "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()})
+        """An in-memory snapshot (copies: the trainer goes on updating its own tensors in place).
+        Checkpoints use `save_state`, which needs no copy."""
+        return copy.deepcopy({**self._live_state(),
+                              "master": {n: m.detach().cpu() for n, m in zip(self.names, self.master)}})
 
     def load_state_dict(self, state: dict) -> None:
-        missing = sorted(set(self.names) - set(state["master"]))
-        if missing:
-            raise ValueError(f"trainer state lacks master weights {missing[:5]}")
+        self._restore(state)
+
+    def _restore(self, state: dict) -> None:
+        masters = state["master"]
+        if list(masters) != self.names:
+            missing, extra = sorted(set(self.names) - set(masters)), sorted(set(masters) - set(self.names))
+            raise ValueError(f"trainer state does not fit this model: master weights missing {missing[:5]}, "
+                             f"unexpected {extra[:5]}" if missing or extra else
+                             "trainer state lists the master weights in another order than this model")
+        wrong = [f"{n} {tuple(masters[n].shape)} (model {tuple(mp.shape)})"
+                 for n, mp in zip(self.names, self.master) if masters[n].shape != mp.shape]
+        if wrong:
+            raise ValueError(f"trainer state does not fit this model: shapes differ for {wrong[:5]}")
         with torch.no_grad():
             for n, mp, p in zip(self.names, self.master, self.params):
-                mp.copy_(state["master"][n])
+                mp.copy_(masters[n])
                 p.copy_(mp)
-        self.opt.load_state_dict(state["optimizer"])
+        opt = state["optimizer"]
+        # AdamW would keep the given tensors themselves (file-backed after an mmap load): own copies
+        # on the masters' device instead ("step" stays where it was saved, as AdamW wants it).
+        own = {i: {k: (v.clone() if k == "step" else v.to(self.master[i].device, copy=True))
+                   if torch.is_tensor(v) else v for k, v in st.items()} for i, st in opt["state"].items()}
+        self.opt.load_state_dict({**opt, "state": own})
         self.sched.load_state_dict(state["scheduler"])
