@@ -1,16 +1,26 @@
-"""The distribution installs only under the detent_rl namespace, and transformers is not confused."""
+"""The distribution installs only under the detent_rl namespace, transformers is not confused, and
+every third-party module that the code or the tests import is declared in pyproject.toml."""
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import json
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TOP_LEVEL = ("kernels", "trainer", "rollout", "selir")
+PRODUCTION = ("detent_rl", "kernels", "rollout", "trainer", "selir")
+# Import names whose distribution is named otherwise, for when it is not installed here (installed
+# ones are looked up with importlib.metadata.packages_distributions()).
+IMPORT_TO_DIST = {"yaml": "pyyaml", "PIL": "pillow"}
+# Submodules that import a distribution other than their top-level one's.
+SUBMODULE_NEEDS = {"torch.utils.tensorboard": "tensorboard"}
 
 
 def _probe(code: str, cwd: Path) -> dict:
@@ -58,3 +68,90 @@ def test_transformers_imports_cleanly_beside_us(tmp_path, where):
         hub = None
     if hub is None:
         assert found["hub_kernels"] is False, "transformers mistook our kernels folder for the hub package"
+
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _dist_name(requirement: str) -> str:
+    """The normalised distribution name of a requirement ("triton>=3.6; platform_system == 'Linux'" -> "triton")."""
+    return _normalise(re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement).group(1))
+
+
+def imported_modules(source: str) -> list[tuple[int, str]]:
+    """(line, dotted module) of every absolute import in source: `import x.y`, `from x.y import z`,
+    inside functions and `if TYPE_CHECKING:` blocks too, and importlib.import_module("x") / __import__("x")."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__")):
+            found.append((node.lineno, node.args[0].value))
+    return sorted(found)
+
+
+def undeclared_imports(files: dict[str, str], declared: set[str], local: set[str]) -> list[str]:
+    """"path:line: module (needs dist)" for every import in files (path -> source) that is neither
+    stdlib nor a local name, and whose distribution is not among declared (normalised names)."""
+    installed = importlib.metadata.packages_distributions()
+    missing = []
+    for path, source in files.items():
+        for line, module in imported_modules(source):
+            top = module.split(".")[0]
+            needs = []  # each entry: the distributions of which one must be declared
+            if top not in sys.stdlib_module_names and top not in local:
+                needs.append({_normalise(d) for d in installed.get(top) or [IMPORT_TO_DIST.get(top, top)]})
+            needs += [{_normalise(d)} for sub, d in SUBMODULE_NEEDS.items()
+                      if module == sub or module.startswith(sub + ".")]
+            missing += [f"{path}:{line}: {module} (needs {' or '.join(sorted(alts))})"
+                        for alts in needs if not alts & declared]
+    return missing
+
+
+def _declared() -> tuple[set[str], set[str]]:
+    """(the dependencies and the genuinely optional extras such as [sglang], that plus [dev]): the
+    code may import the first, the tests both. The README's own commands are proven by .ci/run."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = project.get("optional-dependencies", {})
+    base = {_dist_name(r) for r in project["dependencies"]}
+    base |= {_dist_name(r) for name, reqs in extras.items() if name != "dev" for r in reqs}
+    return base, base | {_dist_name(r) for r in extras.get("dev", [])}
+
+
+def _sources(paths) -> dict[str, str]:
+    return {str(p.relative_to(REPO)): p.read_text() for p in paths}
+
+
+def test_every_imported_module_is_declared():
+    base, with_dev = _declared()
+    production = _sources(p for folder in PRODUCTION for p in sorted((REPO / folder).rglob("*.py")))
+    tests = _sources(sorted((REPO / "tests").rglob("*.py")))
+    test_helpers = {p.stem for p in (REPO / "tests").iterdir() if p.suffix == ".py" or p.is_dir()}
+    # The scan sees what it must: every folder, and the imports made inside functions (these are).
+    assert len(production) > 50 and len(tests) > 30
+    seen = {m for source in production.values() for _, m in imported_modules(source)}
+    assert {"matplotlib", "reasoning_gym", "torch.utils.tensorboard"} <= seen | {m.split(".")[0] for m in seen}
+    missing = (undeclared_imports(production, base, {"detent_rl"})
+               + undeclared_imports(tests, with_dev, {"detent_rl"} | test_helpers))
+    assert not missing, "imported but not declared in pyproject.toml:\n" + "\n".join(missing)
+
+
+def test_undeclared_import_is_reported():
+    # Negative control: the checker reports an undeclared module imported inside a function, a
+    # distribution named otherwise than its module, and a submodule that needs another distribution.
+    src = ("import json, torch\nfrom detent_rl import config\n"
+           "def f():\n    import no_such_dist_xyz.sub\n    from torch.utils.tensorboard import SummaryWriter\n"
+           "    import yaml\n    importlib.import_module('also_missing_abc')\n")
+    missing = undeclared_imports({"x.py": src}, {"torch"}, {"detent_rl"})
+    assert missing == ["x.py:4: no_such_dist_xyz.sub (needs no-such-dist-xyz)",
+                       "x.py:5: torch.utils.tensorboard (needs tensorboard)",
+                       "x.py:6: yaml (needs pyyaml)",
+                       "x.py:7: also_missing_abc (needs also-missing-abc)"]
+    assert undeclared_imports({"x.py": src}, {"torch", "tensorboard", "pyyaml", "no-such-dist-xyz",
+                                              "also-missing-abc"}, {"detent_rl"}) == []
