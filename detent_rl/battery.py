@@ -17,9 +17,11 @@ one rollout-vs-rescore cell:
 
 Every run gets a fresh engine, so no cell sees another's cache. With the detent or det selections
 every cell must pass. The stock arm is the negative control: its selection reads the batch, so
-some cells must fail, or the battery proves nothing. Models are named built-ins
-(`detent_rl.models.builtin`: seeded random weights scaled so that greedy decoding does not collapse
-into one repeated token, or SmolLM2's real weights) or checkpoint directories, all loaded from disk.
+some cells must fail, or the battery proves nothing. The exit status says whether every arm run did
+what it must (`verdict`): 0 when each pinned arm passes every cell and stock fails at least one.
+Models are named built-ins (`detent_rl.models.builtin`: seeded random weights scaled so that greedy
+decoding does not collapse into one repeated token, or SmolLM2's real weights) or checkpoint
+directories, all loaded from disk.
 """
 from __future__ import annotations
 
@@ -36,11 +38,12 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from detent_rl.kernels.selections import ARMS, KernelSelections
+from detent_rl.atomic import write_text
+from detent_rl.kernels.selections import ARMS
 from detent_rl.models.builtin import BUILTINS, SMOLLM2, builtin_checkpoint
 from detent_rl.models.config import ModelConfig, ModelConfigError
 from detent_rl.models.gguf import GGUFError, ModelFetchError
-from detent_rl.models.loader import CheckpointError, load_model
+from detent_rl.models.loader import WeightsError, load_model
 from detent_rl.models.model import CausalLM
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
@@ -124,6 +127,7 @@ class Cell:
 
 
 GROUPS = ("rerun", "cobatch", "row", "prefix", "strong", "rescore")
+NEGATIVE_CONTROL = "stock"  # the arm whose selection reads the batch: it must fail some cell
 
 
 def target_prompt(vocab: int, page_size: int, seed: int = 0) -> tuple[int, ...]:
@@ -347,6 +351,40 @@ def header() -> str:
     return f"{'cell':<25} {'group':<8} {'arm':<7} {'T=0':<8} {'T=1':<8} first difference"
 
 
+def verdict(results: Sequence[CellResult]) -> tuple[bool, str]:
+    """Whether every arm in `results` did what it must, and a line saying why: a pinned arm (det,
+    detent) passes every cell; the negative control (stock) fails at least one by changed bits, or the
+    cells chosen cannot tell batch-invariant selection from the batch-reading one. A cell whose run
+    raised (ERROR) proves nothing either way, so it fails the verdict in any arm."""
+    arms: dict[str, list[CellResult]] = {}
+    for r in results:
+        arms.setdefault(r.arm, []).append(r)
+    if not arms:
+        return False, "verdict: FAIL: no cell was run"
+    good, bad = [], []
+    for arm, rs in arms.items():
+        errors = [r.cell for r in rs if any(c.error for c in r.comparisons)]
+        differ = [r.cell for r in rs if not r.passed and r.cell not in errors]
+        if errors:
+            bad.append(f"{arm}: {len(errors)} of {len(rs)} cells raised ({_names(errors)})")
+        elif arm == NEGATIVE_CONTROL and not differ:
+            bad.append(f"{arm} (the negative control) passes all {len(rs)} cells: these cells cannot tell a "
+                       "selection that reads the batch from a pinned one")
+        elif arm == NEGATIVE_CONTROL:
+            good.append(f"{arm} fails {len(differ)} of {len(rs)} cells, as the negative control must")
+        elif differ:
+            bad.append(f"{arm}: {len(differ)} of {len(rs)} cells change the target's bits ({_names(differ)})")
+        else:
+            good.append(f"{arm} passes all {len(rs)} cells")
+    if bad:
+        return False, "verdict: FAIL: " + "; ".join(bad) + ("; " + "; ".join(good) if good else "")
+    return True, "verdict: OK: " + "; ".join(good)
+
+
+def _names(cells: list[str], most: int = 4) -> str:
+    return ", ".join(cells[:most]) + (f", ... ({len(cells) - most} more)" if len(cells) > most else "")
+
+
 def parse_arms(text: str) -> list[str]:
     arms = list(ARMS) if text == "all" else [a.strip() for a in text.split(",") if a.strip()]
     bad = [a for a in arms if a not in ARMS]
@@ -356,8 +394,15 @@ def parse_arms(text: str) -> list[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m detent_rl.battery", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--arm", default="detent", help="stock, det, detent, a comma list, or all (default detent)")
+    ap = argparse.ArgumentParser(
+        prog="python -m detent_rl.battery", description=__doc__.split("\n\n")[0],
+        epilog="Exit status: 0 when every arm run did what it must: each pinned arm (det, detent) passes every "
+        "cell and stock, the negative control, fails at least one cell by changed bits (so `--arm stock` "
+        "alone exits 0 when stock fails a cell); 1 otherwise, also when a cell's run raised (the last line, "
+        "`verdict: ...`, says why); 2 for bad options.")
+    ap.add_argument("--arm", default="detent",
+                    help="stock, det, detent, a comma list, or all (default detent); stock is the negative "
+                    "control: it must fail a cell")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--model", default="tiny-qwen2",
                     help=f"a built-in model ({', '.join(BUILTINS)}; {SMOLLM2} has real weights, converted once "
@@ -374,7 +419,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     try:
         return _main(args)
-    except (BatteryError, ModelConfigError, CheckpointError, GGUFError, ModelFetchError) as e:
+    except (BatteryError, ModelConfigError, WeightsError, GGUFError, ModelFetchError) as e:
         print(f"battery: {e}", file=sys.stderr)
         return 2
 
@@ -411,12 +456,15 @@ def _main(args: argparse.Namespace) -> int:
                        f"distinct of {len(ref)})")
         results += arm_results
     print("\n".join(summary))
+    ok, why = verdict(results)
     if args.json:
-        Path(args.json).write_text(json.dumps({
+        write_text(args.json, json.dumps({
             "model": args.model, "device": args.device, "dtype": dtype_name, "arms": arms,
             "cells": [{"name": c.name, "group": c.group, "what": c.what} for c in cells],
-            "results": [asdict(r) | {"passed": r.passed} for r in results], "summary": summary}, indent=1))
-    return 0 if all(r.passed for r in results) else 1
+            "results": [asdict(r) | {"passed": r.passed} for r in results], "summary": summary,
+            "verdict": {"ok": ok, "why": why}}, indent=1))
+    print(why)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
