@@ -15,7 +15,7 @@ import torch
 import triton
 
 from detent_rl.kernels.matmul import linear, tile_params
-from detent_rl.kernels.programs.matmul import matmul as matmul_program
+from detent_rl.kernels.programs.matmul import matmul_program
 from detent_rl.kernels.selections import Deployment
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import solve

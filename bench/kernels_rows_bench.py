@@ -22,9 +22,9 @@ from detent_rl.kernels.embedding import embedding
 from detent_rl.kernels.log_softmax import log_softmax, token_logprobs
 from detent_rl.kernels.rmsnorm import rmsnorm, rmsnorm_ref
 from detent_rl.kernels.rotary import apply_rotary, apply_rotary_ref, rope_cos_sin
-from detent_rl.kernels.programs.rows import elementwise
-from detent_rl.kernels.programs.rows import log_softmax as log_softmax_program
-from detent_rl.kernels.programs.rows import rmsnorm as rmsnorm_program
+from detent_rl.kernels.programs.rows import elementwise_program
+from detent_rl.kernels.programs.rows import log_softmax_program
+from detent_rl.kernels.programs.rows import rmsnorm_program
 from detent_rl.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import solve
@@ -77,7 +77,7 @@ def cases(rows: int, dtype: torch.dtype) -> list[tuple[str, Callable, Callable]]
     out.append((f"token_logprobs V={VOCAB}",
                 lambda c=cfg: token_logprobs(logits, ids, block=c.block, num_warps=c.num_warps),
                 lambda: torch.log_softmax(logits.float(), dim=-1).gather(1, ids[:, None])))
-    blk = _detent(elementwise, width=INTERMEDIATE)(rows).block
+    blk = _detent(elementwise_program, width=INTERMEDIATE)(rows).block
     gate_up = torch.randn(rows, 2 * INTERMEDIATE, device=dev, generator=g).to(dtype)
     out.append((f"silu_and_mul d={INTERMEDIATE}", lambda: silu_and_mul(gate_up, block=blk),
                 lambda: silu_and_mul_ref(gate_up)))
@@ -87,11 +87,11 @@ def cases(rows: int, dtype: torch.dtype) -> list[tuple[str, Callable, Callable]]
     q = torch.randn(rows, HEADS, HEAD_DIM, device=dev, generator=g).to(dtype)
     k = torch.randn(rows, KV_HEADS, HEAD_DIM, device=dev, generator=g).to(dtype)
     pos = torch.randint(0, 32768, (rows,), device=dev, generator=g)
-    blk = _detent(elementwise, width=HEADS * HEAD_DIM)(rows).block
+    blk = _detent(elementwise_program, width=HEADS * HEAD_DIM)(rows).block
     out.append((f"rotary {HEADS}+{KV_HEADS}x{HEAD_DIM}", lambda: apply_rotary(q, k, pos, cos, sin, block=blk),
                 lambda: apply_rotary_ref(q, k, pos, cos, sin)))
     weight = torch.randn(VOCAB, HIDDENS[0], device=dev, generator=g).to(dtype)
-    blk = _detent(elementwise, width=HIDDENS[0])(rows).block
+    blk = _detent(elementwise_program, width=HIDDENS[0])(rows).block
     out.append((f"embedding h={HIDDENS[0]}", lambda: embedding(ids, weight, block=blk),
                 lambda: F.embedding(ids, weight)))
     return out

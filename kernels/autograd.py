@@ -8,6 +8,10 @@ PyTorch reference (the formula the kernel computes, in the same dtypes), recompu
 inputs; linear and embedding have closed forms. Each wrapper calls the kernel directly when no
 input needs a gradient, so inference pays nothing.
 
+Names: `<op>_autograd` is the op the model layers call. It wraps the kernel launcher `<op>`
+(`kernels/<family>.py`, with its PyTorch reference `<op>_ref`), whose parameters the family's SelIR
+program `<family>_program` (`kernels/programs/`) selects.
+
 Attention differentiates only the trainer's shape: one prefill per sequence from position 0, its
 keys all in the step (a cached prefix has no gradient path); other steps are refused.
 """
@@ -19,16 +23,12 @@ import torch
 import torch.nn.functional as F
 
 from detent_rl.kernels.attention import AttnMeta, paged_attention, store_kv
-from detent_rl.kernels.embedding import embedding as embedding_kernel
-from detent_rl.kernels.log_softmax import token_logprobs as token_logprobs_kernel
-from detent_rl.kernels.log_softmax import token_logprobs_ref
-from detent_rl.kernels.matmul import linear as linear_kernel
-from detent_rl.kernels.rmsnorm import rmsnorm as rmsnorm_kernel
-from detent_rl.kernels.rmsnorm import rmsnorm_ref
-from detent_rl.kernels.rotary import apply_rotary as rotary_kernel
-from detent_rl.kernels.rotary import apply_rotary_ref
-from detent_rl.kernels.silu_and_mul import silu_and_mul as silu_and_mul_kernel
-from detent_rl.kernels.silu_and_mul import silu_and_mul_ref
+from detent_rl.kernels.embedding import embedding
+from detent_rl.kernels.log_softmax import token_logprobs, token_logprobs_ref
+from detent_rl.kernels.matmul import linear
+from detent_rl.kernels.rmsnorm import rmsnorm, rmsnorm_ref
+from detent_rl.kernels.rotary import apply_rotary, apply_rotary_ref
+from detent_rl.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
 
 
 def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
@@ -76,7 +76,7 @@ class _Linear(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], tile: dict) -> torch.Tensor:
         ctx.save_for_backward(x, w)
         ctx.has_bias = b is not None
-        return linear_kernel(x, w, b, **tile)
+        return linear(x, w, b, **tile)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
@@ -94,7 +94,7 @@ class _Embedding(torch.autograd.Function):
     def forward(ctx: Any, ids: torch.Tensor, weight: torch.Tensor, block: int) -> torch.Tensor:
         ctx.save_for_backward(ids)
         ctx.shape = weight.shape
-        return embedding_kernel(ids, weight, block=block)
+        return embedding(ids, weight, block=block)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
@@ -104,48 +104,48 @@ class _Embedding(torch.autograd.Function):
         return None, gw.to(g.dtype), None
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], tile: dict) -> torch.Tensor:
+def linear_autograd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], tile: dict) -> torch.Tensor:
     if not _needs_grad(x, w, b):
-        return linear_kernel(x, w, b, **tile)
+        return linear(x, w, b, **tile)
     return _Linear.apply(x, w, b, tile)
 
 
-def embedding(ids: torch.Tensor, weight: torch.Tensor, *, block: int) -> torch.Tensor:
+def embedding_autograd(ids: torch.Tensor, weight: torch.Tensor, *, block: int) -> torch.Tensor:
     if not _needs_grad(weight):
-        return embedding_kernel(ids, weight, block=block)
+        return embedding(ids, weight, block=block)
     return _Embedding.apply(ids, weight, block)
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, block: int, num_warps: int,
-            residual: Optional[torch.Tensor] = None) -> Any:
+def rmsnorm_autograd(x: torch.Tensor, weight: torch.Tensor, eps: float, *, block: int, num_warps: int,
+                     residual: Optional[torch.Tensor] = None) -> Any:
     if not _needs_grad(x, weight, residual):
-        return rmsnorm_kernel(x, weight, eps, block=block, num_warps=num_warps, residual=residual)
+        return rmsnorm(x, weight, eps, block=block, num_warps=num_warps, residual=residual)
     return _RefGrad.apply(
-        lambda x, w, r: rmsnorm_kernel(x, w, eps, block=block, num_warps=num_warps, residual=r),
+        lambda x, w, r: rmsnorm(x, w, eps, block=block, num_warps=num_warps, residual=r),
         lambda x, w, r: rmsnorm_ref(x, w, eps, residual=r), x, weight, residual)
 
 
-def silu_and_mul(x: torch.Tensor, *, block: int) -> torch.Tensor:
+def silu_and_mul_autograd(x: torch.Tensor, *, block: int) -> torch.Tensor:
     if not _needs_grad(x):
-        return silu_and_mul_kernel(x, block=block)
-    return _RefGrad.apply(lambda x: silu_and_mul_kernel(x, block=block), silu_and_mul_ref, x)
+        return silu_and_mul(x, block=block)
+    return _RefGrad.apply(lambda x: silu_and_mul(x, block=block), silu_and_mul_ref, x)
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 *, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rotary_autograd(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                          sin: torch.Tensor, *, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     if not _needs_grad(q, k):
-        return rotary_kernel(q, k, positions, cos, sin, block=block)
+        return apply_rotary(q, k, positions, cos, sin, block=block)
     # the kernels need a contiguous last dim, and so does HF's reference on views of the fused qkv
-    return _RefGrad.apply(lambda q, k, p, c, s: rotary_kernel(q, k, p, c, s, block=block), apply_rotary_ref,
+    return _RefGrad.apply(lambda q, k, p, c, s: apply_rotary(q, k, p, c, s, block=block), apply_rotary_ref,
                           q, k, positions, cos, sin)
 
 
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, *, block: int, num_warps: int,
-                   temperature: float = 1.0) -> torch.Tensor:
+def token_logprobs_autograd(logits: torch.Tensor, token_ids: torch.Tensor, *, block: int, num_warps: int,
+                            temperature: float = 1.0) -> torch.Tensor:
     if not _needs_grad(logits):
-        return token_logprobs_kernel(logits, token_ids, block=block, num_warps=num_warps, temperature=temperature)
+        return token_logprobs(logits, token_ids, block=block, num_warps=num_warps, temperature=temperature)
     return _RefGrad.apply(
-        lambda x, t: token_logprobs_kernel(x, t, block=block, num_warps=num_warps, temperature=temperature),
+        lambda x, t: token_logprobs(x, t, block=block, num_warps=num_warps, temperature=temperature),
         lambda x, t: token_logprobs_ref(x, t, temperature=temperature), logits, token_ids)
 
 
@@ -190,8 +190,9 @@ def _padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts:
     return o.transpose(1, 2)[real].to(q.dtype)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-              slots: torch.Tensor, meta: AttnMeta, *, scale: float, **params: Any) -> torch.Tensor:
+def attention_autograd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, slots: torch.Tensor, meta: AttnMeta, *, scale: float,
+                       **params: Any) -> torch.Tensor:
     """store_kv + paged_attention (the engine's two calls); differentiable for one-shot prefills."""
     if not _needs_grad(q, k, v):
         store_kv(k, v, k_cache, v_cache, slots)

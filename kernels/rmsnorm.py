@@ -7,7 +7,7 @@ Semantics are HF Llama/Qwen2 RMSNorm:
 
 The sum of squares is the only reduction. Its association is fixed by `block` alone: an fp32
 accumulator vector of `block` lanes takes the row chunk by chunk (a masked tail adds exact zeros),
-then one reduction folds the vector. `block` comes from the selector (`selection.rows.rmsnorm`);
+then one reduction folds the vector. `block` comes from the selector (`programs.rows.rmsnorm_program`);
 the stock selector changes it with the batch size, which is what changes a row's bits.
 """
 from typing import Optional, Union

@@ -32,8 +32,9 @@ from detent_rl.selir.solution import Solution
 from detent_rl.selir.solver import solve
 
 ARMS = ("stock", "det", "detent")
-FAMILIES = {"matmul": matmul.matmul, "attention": attention.attention, "rmsnorm": rows.rmsnorm,
-            "log_softmax": rows.log_softmax, "elementwise": rows.elementwise}
+FAMILIES = {"matmul": matmul.matmul_program, "attention": attention.attention_program,
+            "rmsnorm": rows.rmsnorm_program, "log_softmax": rows.log_softmax_program,
+            "elementwise": rows.elementwise_program}
 # Selection facts of an H200 (132 SMs, 227 KiB shared memory per block); also what the CPU path
 # assumes, so that CPU runs select the way a GPU deployment of the same model would.
 H200 = {"num_sms": 132, "smem_bytes": 227 * 1024}

@@ -6,7 +6,7 @@ import random
 import torch
 
 from detent_rl.kernels.attention import attn_meta, paged_attention, store_kv
-from detent_rl.kernels.programs.attention import attention as attention_program
+from detent_rl.kernels.programs.attention import attention_program
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import solve
 

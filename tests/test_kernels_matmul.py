@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from detent_rl.kernels.matmul import linear, linear_ref, tile_params
-from detent_rl.kernels.programs.matmul import matmul as matmul_program
+from detent_rl.kernels.programs.matmul import matmul_program
 from detent_rl.kernels.selections import Deployment
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import solve

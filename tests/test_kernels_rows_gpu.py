@@ -11,9 +11,9 @@ from detent_rl.kernels.embedding import embedding, embedding_ref
 from detent_rl.kernels.log_softmax import log_softmax, log_softmax_ref, token_logprobs, token_logprobs_ref
 from detent_rl.kernels.rmsnorm import rmsnorm, rmsnorm_ref
 from detent_rl.kernels.rotary import apply_rotary, apply_rotary_ref, rope_cos_sin
-from detent_rl.kernels.programs.rows import elementwise as elementwise_program
-from detent_rl.kernels.programs.rows import log_softmax as log_softmax_program
-from detent_rl.kernels.programs.rows import rmsnorm as rmsnorm_program
+from detent_rl.kernels.programs.rows import elementwise_program
+from detent_rl.kernels.programs.rows import log_softmax_program
+from detent_rl.kernels.programs.rows import rmsnorm_program
 from detent_rl.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
 from rows_cases import (DTYPES, EPS, LOGPROB_TOL, TOL, _bits, _hf_configs, alone_vs_batch,
                                invariance_failures, log_softmax_run, logits_inputs, rmsnorm_inputs,

@@ -20,7 +20,7 @@ import torch
 
 from detent_rl.kernels.log_softmax import log_softmax, token_logprobs
 from detent_rl.kernels.sampling import message_hash, sample, sample_ref
-from detent_rl.kernels.programs.rows import log_softmax as log_softmax_program
+from detent_rl.kernels.programs.rows import log_softmax_program
 from test_kernels_rows import invariance_failures, selectors
 
 TEMPS = (0.0, 0.7, 1.0, 1.3)

@@ -49,18 +49,18 @@ def test_committed_is_invariant_and_stock_is_not(mod):
 
 
 def test_moe_cut_is_the_row_key():
-    spec, g, pins, _ = analyze(moe.fused_moe, moe.REFERENCE_FACTS)
+    spec, g, pins, _ = analyze(moe.fused_moe_program, moe.REFERENCE_FACTS)
     assert list(pins) == ["row_key"]
     assert pins["row_key"].op == "nearest"
     governed = [p for p, n in g.point_nodes(batch_only=True).items()]
     assert len(governed) >= 6  # every config field, blocked by one pin
-    _, _, none_pins, _ = analyze(moe.fused_moe, moe.REFERENCE_FACTS, cut="none")
+    _, _, none_pins, _ = analyze(moe.fused_moe_program, moe.REFERENCE_FACTS, cut="none")
     assert len(none_pins) == len(governed)
 
 
 def test_constant_folding_alone_needs_more_pins_on_attention():
-    _, g_full, full, _ = analyze(attention.attention, attention.REFERENCE_FACTS, level="full")
-    _, g_fold, fold, _ = analyze(attention.attention, attention.REFERENCE_FACTS, level="fold")
+    _, g_full, full, _ = analyze(attention.attention_program, attention.REFERENCE_FACTS, level="full")
+    _, g_fold, fold, _ = analyze(attention.attention_program, attention.REFERENCE_FACTS, level="fold")
     assert len(fold) > len(full)
     assert len(g_fold.nodes) > len(g_full.nodes)
     # what range analysis proves: no int64 indexing below 2^31 elements, batch within the PDL limit
@@ -68,7 +68,7 @@ def test_constant_folding_alone_needs_more_pins_on_attention():
 
 
 def test_attention_stride_knob_makes_split_boundaries_fixed():
-    sol = solve(attention.attention, attention.REFERENCE_FACTS, cache=JITCache(enabled=False))
+    sol = solve(attention.attention_program, attention.REFERENCE_FACTS, cache=JITCache(enabled=False))
     stock = sol.stock({"split_stride": 1024})
     sizes = {stock(b, 1, b, k).split_size for b in (1, 8, 64, 256) for k in (100, 1000, 4000)}
     assert sizes == {1024}
@@ -77,7 +77,7 @@ def test_attention_stride_knob_makes_split_boundaries_fixed():
 
 
 def test_allreduce_legality_follows_the_workspace():
-    sol = solve(allreduce.allreduce, allreduce.REFERENCE_FACTS, cache=JITCache(enabled=False))
+    sol = solve(allreduce.allreduce_program, allreduce.REFERENCE_FACTS, cache=JITCache(enabled=False))
     legal = [dict(zip(sol.axes, a)) for a in sol.legal]
     assert all(not a["use_graph_buffers"] for a in legal), "graph buffers cannot serve eager calls"
     assert not any(a["algorithm"] == "one_shot_push" for a in legal), "messages outgrow the push slot"

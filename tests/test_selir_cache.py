@@ -29,9 +29,9 @@ def _no_solving(monkeypatch):
 
 def test_hit_skips_solving_and_gives_the_same_selector(tmp_path, monkeypatch):
     cache = JITCache(tmp_path)
-    first = solve(attn_mod.attention, FACTS, cache=cache)
+    first = solve(attn_mod.attention_program, FACTS, cache=cache)
     _no_solving(monkeypatch)
-    second = solve(attn_mod.attention, FACTS, cache=cache)
+    second = solve(attn_mod.attention_program, FACTS, cache=cache)
     assert second.from_cache and not first.from_cache and cache.hits == 1
     assert second.commit().source == first.commit().source
     assert second.legal == first.legal and second.stats == first.stats
@@ -66,7 +66,7 @@ def test_table_contents_are_part_of_the_key(tmp_path):
 @pytest.mark.parametrize("damage", ["truncate", "flip", "garbage", "empty"])
 def test_corrupt_entry_is_detected_and_resolved(tmp_path, damage):
     cache = JITCache(tmp_path)
-    good = solve(attn_mod.attention, FACTS, cache=cache)
+    good = solve(attn_mod.attention_program, FACTS, cache=cache)
     [path] = list(tmp_path.glob("*.selir"))
     raw = path.read_bytes()
     if damage == "truncate":
@@ -81,16 +81,16 @@ def test_corrupt_entry_is_detected_and_resolved(tmp_path, damage):
     else:
         path.write_bytes(b"")
     with pytest.warns(RuntimeWarning, match="corrupt"):
-        again = solve(attn_mod.attention, FACTS, cache=cache)
+        again = solve(attn_mod.attention_program, FACTS, cache=cache)
     assert not again.from_cache and cache.corrupt == 1
     assert again.commit().source == good.commit().source
-    assert solve(attn_mod.attention, FACTS, cache=cache).from_cache  # rewritten whole
+    assert solve(attn_mod.attention_program, FACTS, cache=cache).from_cache  # rewritten whole
 
 
 def _writer(directory: str, rounds: int) -> None:
     cache = JITCache(directory)
-    sol = solve(attn_mod.attention, FACTS, cache=JITCache(enabled=False))
-    key = cache_key(attn_mod.attention, FACTS, level="full", cut="min", seed=0)
+    sol = solve(attn_mod.attention_program, FACTS, cache=JITCache(enabled=False))
+    key = cache_key(attn_mod.attention_program, FACTS, level="full", cut="min", seed=0)
     for _ in range(rounds):
         cache.store(key, sol)
 
@@ -101,7 +101,7 @@ def test_concurrent_writers_never_leave_a_torn_file(tmp_path):
     for p in procs:
         p.start()
     reader = JITCache(tmp_path)
-    key = cache_key(attn_mod.attention, FACTS, level="full", cut="min", seed=0)
+    key = cache_key(attn_mod.attention_program, FACTS, level="full", cut="min", seed=0)
     seen = 0
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a torn read would warn "corrupt"
@@ -118,10 +118,10 @@ def test_concurrent_writers_never_leave_a_torn_file(tmp_path):
 
 def test_directory_from_env_and_disable_switch(tmp_path, monkeypatch):
     monkeypatch.setenv("DETENT_CACHE_DIR", str(tmp_path / "from-env"))
-    solve(attn_mod.attention, FACTS)
+    solve(attn_mod.attention_program, FACTS)
     assert list((tmp_path / "from-env").glob("*.selir"))
     monkeypatch.setenv("DETENT_CACHE_DIR", str(tmp_path / "off"))
     monkeypatch.setenv("DETENT_CACHE_DISABLE", "1")
-    assert not solve(attn_mod.attention, FACTS).from_cache
-    assert not solve(attn_mod.attention, FACTS).from_cache
+    assert not solve(attn_mod.attention_program, FACTS).from_cache
+    assert not solve(attn_mod.attention_program, FACTS).from_cache
     assert not (tmp_path / "off").exists()

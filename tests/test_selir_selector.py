@@ -17,7 +17,7 @@ FACTS = attn_mod.REFERENCE_FACTS
 
 @pytest.fixture(scope="module")
 def sol():
-    return solve(attn_mod.attention, FACTS, cache=JITCache(enabled=False))
+    return solve(attn_mod.attention_program, FACTS, cache=JITCache(enabled=False))
 
 
 def attention_inputs():
@@ -44,7 +44,7 @@ def test_committed_selector_is_identical_for_every_runtime_input(sol, inputs):
 def test_stock_selector_equals_program(sol, inputs):
     batch, q, tokens, k = inputs
     stock = sol.stock()
-    want = attn_mod.attention(batch=batch, max_seqlen_q=q, num_tokens=tokens, max_seqlen_k=k, **FACTS)
+    want = attn_mod.attention_program(batch=batch, max_seqlen_q=q, num_tokens=tokens, max_seqlen_k=k, **FACTS)
     assert stock.as_dict(stock(*inputs)) == want
 
 

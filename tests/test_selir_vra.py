@@ -51,7 +51,7 @@ def test_vra_on_every_selection_program():
 
 
 def test_vra_rejects_with_witnesses_on_attention():
-    spec, g, pins, _ = analyze(attention.attention, attention.REFERENCE_FACTS)
+    spec, g, pins, _ = analyze(attention.attention_program, attention.REFERENCE_FACTS)
     v, legal = _check_verdict(spec, g, pins)
     assert len(legal) < v.candidate_count, "some assignments must be illegal (e.g. splits that miss keys)"
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from detent_rl.kernels.autograd import apply_rotary, attention, embedding, linear, rmsnorm, silu_and_mul
+from detent_rl.kernels.autograd import (apply_rotary_autograd, attention_autograd, embedding_autograd,
+                                       linear_autograd, rmsnorm_autograd, silu_and_mul_autograd)
 from detent_rl.kernels.matmul import tile_params
 from detent_rl.kernels.selections import KernelSelections
 from detent_rl.models.config import ModelConfig
@@ -53,7 +54,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # pad_m only moves the selection's bucket; the kernel needs no padding
-        return linear(x, self.weight, self.bias, tile_params(self._select(x.shape[0])))
+        return linear_autograd(x, self.weight, self.bias, tile_params(self._select(x.shape[0])))
 
 
 class MergedLinear(Linear):
@@ -91,7 +92,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         s = self._select(x.shape[0])
-        return rmsnorm(x, self.weight, self.eps, block=s.block, num_warps=s.num_warps, residual=residual)
+        return rmsnorm_autograd(x, self.weight, self.eps, block=s.block, num_warps=s.num_warps, residual=residual)
 
 
 class Embedding(nn.Module):
@@ -102,7 +103,7 @@ class Embedding(nn.Module):
         self._select = selections.get("elementwise", width=hidden)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return embedding(ids, self.weight, block=self._select(ids.shape[0]).block)
+        return embedding_autograd(ids, self.weight, block=self._select(ids.shape[0]).block)
 
 
 class RotaryEmbedding(nn.Module):
@@ -116,7 +117,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        return apply_rotary(q, k, positions, self.cos, self.sin, block=self._select(q.shape[0]).block)
+        return apply_rotary_autograd(q, k, positions, self.cos, self.sin, block=self._select(q.shape[0]).block)
 
 
 class MLP(nn.Module):
@@ -131,7 +132,7 @@ class MLP(nn.Module):
         self._select = selections.get("elementwise", width=intermediate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = silu_and_mul(self.gate_up_proj(x), block=self._select(x.shape[0]).block)
+        h = silu_and_mul_autograd(self.gate_up_proj(x), block=self._select(x.shape[0]).block)
         return self.down_proj(h)
 
 
@@ -173,7 +174,7 @@ class Attention(nn.Module):
         if s.block_m != ctx.meta.block_m:
             raise RuntimeError(f"the step's AttnMeta was built with block_m={ctx.meta.block_m} but the attention "
                                f"selection gives {s.block_m}; build it with CausalLM.select_attention")
-        out = attention(q, k, v, k_cache, v_cache, ctx.slots, ctx.meta, scale=self.scale, block_n=s.block_n,
-                        split_size=s.split_size, num_splits=s.num_splits, num_warps=s.num_warps,
-                        num_stages=s.num_stages)
+        out = attention_autograd(q, k, v, k_cache, v_cache, ctx.slots, ctx.meta, scale=self.scale,
+                                 block_n=s.block_n, split_size=s.split_size, num_splits=s.num_splits,
+                                 num_warps=s.num_warps, num_stages=s.num_stages)
         return self.o_proj(out.reshape(tokens, self.q_size))

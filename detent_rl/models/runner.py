@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from detent_rl.kernels.attention import attn_meta
-from detent_rl.kernels.autograd import token_logprobs
+from detent_rl.kernels.autograd import token_logprobs_autograd
 from detent_rl.models.context import ForwardContext, KVCache, set_context
 from detent_rl.models.model import CausalLM
 
@@ -108,8 +108,8 @@ def completion_logprobs(model: CausalLM, sequences: list[tuple[list[int], int]],
     for (tokens, n_prompt), t in zip(sequences, temperatures):
         n = len(tokens) - n_prompt
         cfg = select(n)  # the row count the engine's sampler and rescore select with: pinned, so moot
-        out.append(token_logprobs(logits[at:at + n], ids[at:at + n], block=cfg.block, num_warps=cfg.num_warps,
-                                  temperature=t or 1.0))
+        out.append(token_logprobs_autograd(logits[at:at + n], ids[at:at + n], block=cfg.block,
+                                           num_warps=cfg.num_warps, temperature=t or 1.0))
         at += n
     return out
 

@@ -45,9 +45,9 @@ AR_CONFIGS = {
 ALGORITHMS = ("one_shot_push", "two_shot_push", "two_shot_pull", "nccl")
 
 
-@selection
-def allreduce(nbytes: Unpinnable[int], in_graph: Runtime[bool], world_size: Fact[int],
-              max_nbytes: Fact[int], push_workspace: Fact[int], pull_workspace: Fact[int]):
+@selection(name="allreduce")
+def allreduce_program(nbytes: Unpinnable[int], in_graph: Runtime[bool], world_size: Fact[int],
+                      max_nbytes: Fact[int], push_workspace: Fact[int], pull_workspace: Fact[int]):
     assume(16 <= nbytes <= max_nbytes)
     assume(nbytes % 16 == 0)
     cap = knob("workspace_cap", (4 * MB, 16 * MB, 64 * MB), 16 * MB)
@@ -81,4 +81,4 @@ def allreduce(nbytes: Unpinnable[int], in_graph: Runtime[bool], world_size: Fact
 REFERENCE_FACTS = {"world_size": 8, "max_nbytes": 4096 * 8192 * 2, "push_workspace": 16 * MB,
                    "pull_workspace": 128 * MB}
 
-PROGRAM = allreduce
+PROGRAM = allreduce_program

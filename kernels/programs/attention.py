@@ -31,12 +31,12 @@ def triton_tile(is_causal: Runtime[bool]):
     return (16, 128)
 
 
-@selection
-def attention(batch: Runtime[int], max_seqlen_q: Unpinnable[int], num_tokens: Unpinnable[int],
-              max_seqlen_k: Unpinnable[int], num_heads: Fact[int], num_kv_heads: Fact[int],
-              head_dim: Fact[int], num_sms: Fact[int], page_size: Fact[int], max_context: Fact[int],
-              max_batch: Fact[int], max_num_tokens: Fact[int], smem_bytes: Fact[int],
-              dtype_bytes: Fact[int]):
+@selection(name="attention")
+def attention_program(batch: Runtime[int], max_seqlen_q: Unpinnable[int], num_tokens: Unpinnable[int],
+                      max_seqlen_k: Unpinnable[int], num_heads: Fact[int], num_kv_heads: Fact[int],
+                      head_dim: Fact[int], num_sms: Fact[int], page_size: Fact[int], max_context: Fact[int],
+                      max_batch: Fact[int], max_num_tokens: Fact[int], smem_bytes: Fact[int],
+                      dtype_bytes: Fact[int]):
     assume(1 <= batch <= max_batch)
     assume(1 <= max_seqlen_q <= max_num_tokens)
     assume(1 <= num_tokens <= max_num_tokens)
@@ -98,7 +98,7 @@ REFERENCE_FACTS = {
     "dtype_bytes": 2,
 }
 
-PROGRAM = attention
+PROGRAM = attention_program
 
 DEPLOYMENTS = {
     "qwen2-0.5b/h200": REFERENCE_FACTS,

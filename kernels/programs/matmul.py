@@ -44,9 +44,9 @@ def gemm_bucket(m: Unpinnable[int]):
     return bucket
 
 
-@selection
-def matmul(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[int], smem_bytes: Fact[int],
-           dtype_bytes: Fact[int]):
+@selection(name="matmul")
+def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[int], smem_bytes: Fact[int],
+                   dtype_bytes: Fact[int]):
     assume(1 <= m <= max_m)
     pad = knob("pad_m", PADS, 1)
     m_padded = (m + pad - 1) // pad * pad
@@ -67,4 +67,4 @@ def matmul(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[int], sme
 # The MLP down-projection of a 0.5B-class Qwen2 (intermediate 4864 -> hidden 896) on one H200.
 REFERENCE_FACTS = {"n": 896, "k": 4864, "max_m": 8192, "smem_bytes": 227 * 1024, "dtype_bytes": 2}
 
-PROGRAM = matmul
+PROGRAM = matmul_program

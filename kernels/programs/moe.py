@@ -13,10 +13,10 @@ from detent_rl.selir import Fact, Unpinnable, assume, nearest_key, require, sele
 INT32_MAX = 2**31 - 1
 
 
-@selection
-def fused_moe(num_tokens: Unpinnable[int], num_experts: Fact[int], top_k: Fact[int],
-              hidden_size: Fact[int], intermediate_size: Fact[int], max_num_tokens: Fact[int],
-              smem_bytes: Fact[int], dtype_bytes: Fact[int]):
+@selection(name="fused_moe")
+def fused_moe_program(num_tokens: Unpinnable[int], num_experts: Fact[int], top_k: Fact[int],
+                      hidden_size: Fact[int], intermediate_size: Fact[int], max_num_tokens: Fact[int],
+                      smem_bytes: Fact[int], dtype_bytes: Fact[int]):
     assume(1 <= num_tokens <= max_num_tokens)
     row_key = nearest_key(H200_E128_N768, num_tokens)
     cfg = H200_E128_N768[row_key]
@@ -37,4 +37,4 @@ def fused_moe(num_tokens: Unpinnable[int], num_experts: Fact[int], top_k: Fact[i
 REFERENCE_FACTS = {"num_experts": 128, "top_k": 8, "hidden_size": 2048, "intermediate_size": 768,
                    "max_num_tokens": 8192, "smem_bytes": 227 * 1024, "dtype_bytes": 2}
 
-PROGRAM = fused_moe
+PROGRAM = fused_moe_program

@@ -23,24 +23,24 @@ def pow2_at_least(n: Fact[int]):
     return out
 
 
-@selection
-def rmsnorm(num_rows: Unpinnable[int], hidden: Fact[int], max_rows: Fact[int]):
+@selection(name="rmsnorm")
+def rmsnorm_program(num_rows: Unpinnable[int], hidden: Fact[int], max_rows: Fact[int]):
     assume(1 <= num_rows <= max_rows)
     max_block = 1024 if num_rows < 256 else 256
     block = min(pow2_at_least(hidden), max_block)
     return {"block": block, "num_warps": 4 if block <= 1024 else 8}
 
 
-@selection
-def log_softmax(num_rows: Unpinnable[int], vocab: Fact[int], max_rows: Fact[int]):
+@selection(name="log_softmax")
+def log_softmax_program(num_rows: Unpinnable[int], vocab: Fact[int], max_rows: Fact[int]):
     assume(1 <= num_rows <= max_rows)
     # few rows: one wide block per program keeps the SMs busy; many rows: narrower blocks
     block = 4096 if num_rows <= 64 else 1024
     return {"block": block, "num_warps": 8 if block >= 4096 else 4}
 
 
-@selection
-def elementwise(num_rows: Unpinnable[int], width: Fact[int], max_rows: Fact[int]):
+@selection(name="elementwise")
+def elementwise_program(num_rows: Unpinnable[int], width: Fact[int], max_rows: Fact[int]):
     assume(1 <= num_rows <= max_rows)
     return {"block": min(pow2_at_least(width), 1024)}
 
@@ -50,7 +50,7 @@ REFERENCE_FACTS = {"hidden": 896, "max_rows": 8192}
 LOG_SOFTMAX_FACTS = {"vocab": 151936, "max_rows": 8192}
 
 PROGRAMS = {
-    "rmsnorm": (rmsnorm, {"qwen2-0.5b": REFERENCE_FACTS}),
-    "log_softmax": (log_softmax, {"qwen2-0.5b": LOG_SOFTMAX_FACTS}),
-    "elementwise": (elementwise, {"qwen2-0.5b-mlp": {"width": 4864, "max_rows": 8192}}),
+    "rmsnorm": (rmsnorm_program, {"qwen2-0.5b": REFERENCE_FACTS}),
+    "log_softmax": (log_softmax_program, {"qwen2-0.5b": LOG_SOFTMAX_FACTS}),
+    "elementwise": (elementwise_program, {"qwen2-0.5b-mlp": {"width": 4864, "max_rows": 8192}}),
 }
