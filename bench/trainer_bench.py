@@ -20,8 +20,8 @@ import torch
 
 from detent_rl.kernels.selections import ARMS
 from detent_rl.models.builtin import NAMES, builtin_checkpoint
-from detent_rl.trainer.grpo import LossConfig
-from detent_rl.trainer.trainer import OptimConfig, Sample
+from detent_rl.config import RolloutSection, TrainSection
+from detent_rl.trainer.trainer import Sample
 from detent_rl.workers import ModelSpec, RolloutWorker, TrainerWorker
 
 
@@ -58,7 +58,7 @@ def main() -> None:
     length = args.prompt + args.completion
     spec = ModelSpec(path=path, arm=args.arm, device=args.device, dtype="bfloat16", max_context=length,
                      max_batch=max(args.micro, 8), max_num_tokens=max(2048, args.micro * length))
-    trainer = TrainerWorker(spec, OptimConfig(lr=1e-6, micro_batch_size=args.micro), LossConfig())
+    trainer = TrainerWorker(spec, TrainSection(lr=1e-6, micro_batch_size=args.micro))
     vocab = trainer.model.config.vocab_size
     rng = random.Random(0)
     samples = [Sample(f"r{i}", [rng.randrange(vocab) for _ in range(length)], args.prompt, [], 1.0,
@@ -68,10 +68,10 @@ def main() -> None:
         s.rollout_logprobs = o.tolist()
     rows = {"rescore": timed(lambda: trainer.rescore(samples), args.repeats),
             "update": timed(lambda: trainer.train(samples, old), args.repeats)}
-    rollout = RolloutWorker(spec, num_blocks=8, max_num_seqs=8, chunk_size=256, cuda_graphs=False)
+    rollout = RolloutWorker(spec, RolloutSection(num_blocks=8, max_num_seqs=8, chunk_size=256, cuda_graphs="off"))
     rows["weights + sha256 (trainer)"] = timed(trainer.weights, args.repeats)
-    weights, sha = trainer.weights()
-    rows["update_weights + sha256 (engine)"] = timed(lambda: rollout.update_weights(weights, sha), args.repeats)
+    update = trainer.weights()
+    rows["update_weights + sha256 (engine)"] = timed(lambda: rollout.update_weights(update), args.repeats)
     tokens = args.seqs * length
     print(f"{args.model}, {args.arm}, {args.device}: {args.seqs} sequences x ({args.prompt} prompt + "
           f"{args.completion} completion) tokens, micro-batches of {args.micro}")

@@ -31,6 +31,7 @@ from typing import Any, Literal, Optional, Sequence
 
 import yaml
 
+from detent_rl import atomic
 from detent_rl.recipe_schema import (Context, Loader, RecipeError, build, copy_raw, get_path, parse_overrides, plain,
                                      schema_fields, set_override, show)
 
@@ -201,18 +202,12 @@ def parse_recipe(raw: Any, source: str = "<dict>", overrides: Sequence[str] = ()
 
 
 def save_resolved(recipe: Recipe, run_dir: str | Path) -> Path:
-    """Write `run_dir/recipe.yaml` (temp file, then rename) so a reader never sees half a file."""
+    """Write `run_dir/recipe.yaml` atomically (a reader never sees half a file)."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     out = run_dir / "recipe.yaml"
     header = f"# resolved from {recipe.source}" + (f" with {' '.join(recipe.overrides)}" if recipe.overrides else "")
-    tmp = run_dir / f".recipe.yaml.{os.getpid()}.tmp"
-    try:
-        tmp.write_text(header.replace("\n", " ") + "\n"
-                       + yaml.safe_dump(recipe.to_dict(), sort_keys=False, allow_unicode=True))
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic.write_text(out, header.replace("\n", " ") + "\n"
+                      + yaml.safe_dump(recipe.to_dict(), sort_keys=False, allow_unicode=True))
     return out
 
 
@@ -281,6 +276,9 @@ def _validate(r: Recipe, ctx: Context) -> Recipe:
             raise ctx.error("model.path", f"{m.path} has no config.json")
     if m.commitment is not None and not Path(m.commitment).is_file():
         raise ctx.error("model.commitment", f"{m.commitment} does not exist")
+    if m.commitment is not None and r.run.arm != "detent":
+        raise ctx.error("model.commitment", f"a commitment tuple pins the detent arm; run.arm is {r.run.arm!r}, "
+                                            f"which would ignore it (set run.arm: detent, or model.commitment: null)")
     kind = source_kind(d.source)
     if kind == "file":
         if Path(d.source).suffix not in DATA_SUFFIXES:

@@ -1,8 +1,8 @@
 """`python -m detent_rl.report runs/<name> [--out FILE]`: a run's self-contained HTML report.
 
-Reads the run directory's `metrics.jsonl` and `bitcheck.jsonl` (written by `detent_rl.monitor.RunLog`)
+Reads the run directory's `metrics.jsonl` and `bitcheck.jsonl` (written by `detent_rl.runlog.RunLog`)
 and, if present, `recipe.yaml` (its `arm` key, at the top level or in any section, names the
-selection arm). Writes `report.html` (or --out): a verdict line, a summary table, PNG plots embedded
+selection arm) and `commitment.json` (the resolved commitment tuple: its sha256 and every site). Writes `report.html` (or --out): a verdict line, a summary table, PNG plots embedded
 as base64 data URIs (rendered by matplotlib's Agg canvas; no pyplot, so no global backend is set),
 the first-mismatches table, and the recipe. Nothing is fetched when the file is opened.
 
@@ -39,9 +39,13 @@ from typing import Any, Sequence
 
 import yaml
 
-from detent_rl.monitor import BITCHECK_FILE, METRICS_FILE, as_float, read_jsonl
+from detent_rl import atomic
+from detent_rl.kernels.commitment import CommitmentTuple
+from detent_rl.runlog import BITCHECK_FILE, METRICS_FILE, as_float, read_jsonl
+from detent_rl.selir.errors import SelIRError
 
 RECIPE_FILE = "recipe.yaml"
+COMMITMENT_FILE = "commitment.json"  # written by detent_rl.train for the pinned arms
 REPORT_FILE = "report.html"
 MAX_MISMATCH_ROWS = 50
 
@@ -91,13 +95,8 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     if not metrics and not bitchecks:
         raise ReportError(f"no logs in {run_dir}: {METRICS_FILE} and {BITCHECK_FILE} are missing or empty")
     recipe_text, arm = _recipe(run_dir / RECIPE_FILE)
-    page = _render(run_dir, metrics, bitchecks, recipe_text, arm)
-    path = Path(out) if out is not None else run_dir / REPORT_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    page = _render(run_dir, metrics, bitchecks, recipe_text, arm, _commitment(run_dir / COMMITMENT_FILE))
+    return atomic.write_text(Path(out) if out is not None else run_dir / REPORT_FILE, page)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -138,6 +137,17 @@ def _recipe(path: Path) -> tuple[str | None, str]:
     except yaml.YAMLError as e:
         return text, f"unknown ({path} does not parse: {str(e).splitlines()[0]})"
     return text, str(arm) if arm is not None else f"not recorded (no 'arm' key in {RECIPE_FILE})"
+
+
+def _commitment(path: Path) -> tuple[str, str | None]:
+    """(one summary line, the tuple's JSON or None) of the resolved commitment tuple the run ran with."""
+    if not path.exists():
+        return f"not recorded (no {COMMITMENT_FILE}; the stock arm pins nothing)", None
+    try:
+        tuple_ = CommitmentTuple.load(path)
+    except SelIRError as e:
+        raise ReportError(str(e)) from None
+    return f"sha256 {tuple_.sha256()}, {len(tuple_.sites)} call sites", path.read_text(encoding="utf-8")
 
 
 def _find_key(tree: Any, key: str) -> Any:
@@ -278,13 +288,18 @@ table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-
 pre{background:#f4f4f4;padding:1em;overflow:auto}"""
 
 
-def _render(run_dir: Path, metrics: list[dict], bitchecks: list[dict], recipe_text: str | None, arm: str) -> str:
+def _render(run_dir: Path, metrics: list[dict], bitchecks: list[dict], recipe_text: str | None, arm: str,
+            commitment: tuple[str, str | None]) -> str:
     verdict, rows = _summary(run_dir, metrics, bitchecks, arm)
+    rows.insert(2, ("commitment tuple", commitment[0]))
     ok = verdict.startswith("all ")
     table = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
     figures = "\n".join(_figure(spec, metrics, bitchecks) for spec in PLOTS)
     recipe = (f"<details><summary>{RECIPE_FILE}</summary><pre>{html.escape(recipe_text)}</pre></details>"
               if recipe_text is not None else f"<p>no {RECIPE_FILE} in the run directory</p>")
+    if commitment[1] is not None:
+        recipe += (f"<details><summary>{COMMITMENT_FILE} (every call site's pins and knobs, defaults included)"
+                   f"</summary><pre>{html.escape(commitment[1])}</pre></details>")
     title = html.escape(f"detent_rl run report: {run_dir.name}")
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{title}</title><style>{_CSS}</style></head><body>
@@ -295,7 +310,7 @@ def _render(run_dir: Path, metrics: list[dict], bitchecks: list[dict], recipe_te
 {figures}
 <h2>First mismatches</h2>
 {_mismatch_table(bitchecks)}
-<h2>Recipe</h2>
+<h2>Recipe and commitment tuple</h2>
 {recipe}
 </body></html>
 """

@@ -1,46 +1,58 @@
-"""GRPO with bit-exact rollout logprobs: `python -m detent_rl.train RECIPE [key.sub=value ...] [--resume]`.
+"""GRPO with bit-exact rollout logprobs: `python -m detent_rl.train RECIPE [key.sub=value ...] [--resume [PATH]]`.
 
-Each step: generate (rollout actor) -> reward -> rescore + bit-check (trainer actor) -> advantages
--> train -> weight sync (sha256 checked on both sides) -> log -> checkpoint -> eval.
+Each step: generate (rollout group) -> reward -> rescore + bit-check (trainer group) -> advantages
+-> train -> weight sync (trainer -> rollout directly, sha256 checked on both sides) -> log ->
+checkpoint -> eval. A run that stops on a mismatch still writes its report.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import random
+import re
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 from detent_rl import checkpoint
-from detent_rl.checkpoint import CheckpointCorrupt
-from detent_rl.config import RecipeError, load_recipe, save_resolved
-from detent_rl.data import DataError, PromptSampler
+from detent_rl.bitcheck import MismatchError, bitcheck, enforce
+from detent_rl.checkpoint import CheckpointError
+from detent_rl.config import Recipe, RecipeError, load_recipe, save_resolved
+from detent_rl.data import DataError, PromptSampler, Task
+from detent_rl.group import WorkerGroup
 from detent_rl.models.config import ModelConfigError
 from detent_rl.models.gguf import GGUFError, ModelFetchError
-from detent_rl.models.loader import CheckpointError
-from detent_rl.monitor import MismatchError, RunLog, bitcheck, dumps, enforce, truncate_jsonl
-from detent_rl.report import write_report
+from detent_rl.models.loader import WeightsError
+from detent_rl.report import COMMITMENT_FILE, write_report
 from detent_rl.rewards import RewardError
-from detent_rl.setup import get, prepare, sample_seed, start_workers
+from detent_rl.rollout.sequence import SamplingParams, sample_seed
+from detent_rl.runlog import RunLog
+from detent_rl.selir.errors import SelIRError
+from detent_rl.setup import RunSetup, prepare, start_workers
 from detent_rl.tokenizer import TokenizerError
 from detent_rl.trainer.grpo import group_advantages
 from detent_rl.trainer.trainer import Sample
-
+from detent_rl.workers import GenerateRequest
 
 # bad input anywhere before the first step, and a bit mismatch under on_mismatch: raise: one line, exit 2
-USER_ERRORS = (RecipeError, DataError, RewardError, TokenizerError, ModelConfigError, CheckpointError, GGUFError,
-               ModelFetchError, CheckpointCorrupt, MismatchError)
+USER_ERRORS = (RecipeError, DataError, RewardError, TokenizerError, ModelConfigError, WeightsError, GGUFError,
+               ModelFetchError, CheckpointError, SelIRError, MismatchError)
+OVERRIDE = re.compile(r"[A-Za-z_][\w.]*=.*")
+
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m detent_rl.train", description=__doc__.split("\n")[0])
     ap.add_argument("recipe")
     ap.add_argument("overrides", nargs="*", help="key.sub=value, e.g. train.steps=3 run.dir=/tmp/run")
-    ap.add_argument("--resume", action="store_true", help="continue from the run directory's last checkpoint")
+    ap.add_argument("--resume", nargs="?", const="", default=None, metavar="PATH",
+                    help="continue from the run directory's newest checkpoint, or from the checkpoint at PATH")
     args = ap.parse_intermixed_args(argv)  # overrides may come after --resume too
+    if args.resume and OVERRIDE.fullmatch(args.resume) and not Path(args.resume).exists():
+        args.overrides, args.resume = [args.resume, *args.overrides], ""  # `--resume key=value`: not a path
     try:
         return run(load_recipe(args.recipe, args.overrides), args.resume)
     except USER_ERRORS as e:
@@ -48,87 +60,112 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def run(recipe, resume: bool) -> int:
-    run_dir, ro, steps = Path(recipe.run.dir), recipe.rollout, recipe.train.steps
+def run(recipe: Recipe, resume: Optional[str] = None) -> int:
+    """The run; `resume` is None (start fresh), "" (the run directory's newest checkpoint) or a path."""
+    run_dir, steps = Path(recipe.run.dir), recipe.train.steps
+    start = checkpoint.resume_point(resume or run_dir) if resume is not None else None  # before any worker
     setup = prepare(recipe)
     save_resolved(recipe, run_dir)
     rollout, trainer = start_workers(recipe, setup)
-    sampler = PromptSampler(setup.train_tasks, ro.prompts_per_step, recipe.run.seed)
-    step, rng = 0, random.Random(recipe.run.seed)
-    if resume:
-        path = checkpoint.latest(run_dir)
-        if path is None:
-            print(f"error: --resume: {run_dir} has no checkpoint", file=sys.stderr)
-            return 2
-        step, state = checkpoint.load(path)
-        get(recipe, trainer.load_state_dict.remote(state["trainer"]))
-        sampler.load_state_dict(state["sampler"])
-        rng.setstate(state["rng"])
-    weights, sha = get(recipe, trainer.weights.remote())
-    get(recipe, rollout.update_weights.remote(weights, sha))  # both sides start from the same bits
-    truncate_jsonl(run_dir / "samples.jsonl", step)
-    log = RunLog(run_dir, tensorboard=recipe.log.tensorboard, progress=recipe.log.progress, total_steps=steps,
-                 start_step=step)
-    stop = tuple(setup.tokenizer.eos_token_ids)
-    while step < steps:
-        step += 1
-        t0 = time.perf_counter()
-        tasks = sampler.next_batch()
-        ids = [(t, j) for t in tasks for j in range(ro.samples_per_prompt)]
-        params = [dict(seed=sample_seed(recipe.run.seed, step, t.id, j), temperature=ro.temperature, top_p=ro.top_p,
-                       top_k=ro.top_k, max_tokens=ro.max_new_tokens, stop_token_ids=stop) for t, j in ids]
-        outs = get(recipe, rollout.generate.remote([setup.prompts[t.id] for t, _ in ids], params))
-        t_rollout = time.perf_counter() - t0
-        samples = []
-        for (t, j), p, o in zip(ids, params, outs):
-            text = setup.tokenizer.decode(o["tokens"][o["num_prompt"]:])
-            samples.append(Sample(f"{t.id}#{j}", o["tokens"], o["num_prompt"], o["logprobs"], ro.temperature,
-                                  p["seed"], setup.reward(text, t), meta={"text": text}))
-        advantages = group_advantages([s.reward for s in samples], ro.samples_per_prompt,
-                                      std=recipe.train.loss.advantage_std)
-        for s, a in zip(samples, advantages):
-            s.advantage = a
-        old = get(recipe, trainer.rescore.remote(samples))
-        check = bitcheck(step, [s.request_id for s in samples],
-                         [torch.tensor(s.rollout_logprobs, dtype=torch.float32) for s in samples], old)
-        log.bitcheck(check)
-        enforce(check, recipe.run.on_mismatch)
-        stats = get(recipe, trainer.train.remote(samples, old))
-        # pi_trainer / pi_rollout per token: exactly 1 when the bits match (what TIS would correct)
-        behaviour = torch.exp(torch.cat(old) - torch.cat([torch.tensor(s.rollout_logprobs) for s in samples]))
-        weights, sha = get(recipe, trainer.weights.remote())
-        get(recipe, rollout.update_weights.remote(weights, sha))
-        new_tokens = sum(len(s.tokens) - s.num_prompt for s in samples)
-        elapsed = time.perf_counter() - t0
-        metrics = {"reward_mean": sum(s.reward for s in samples) / len(samples), "bit_match": check["bit_match"],
-                   "kl_k1": check["kl_k1"], "kl_k3": check["kl_k3"], "max_abs_diff": check["max_abs_diff"],
-                   "step_time_s": elapsed, "rollout_time_s": t_rollout, "tokens_per_s": new_tokens / t_rollout,
-                   "new_tokens": new_tokens, "weights_sha256": sha, "rollout_ratio_min": behaviour.min().item(),
-                   "rollout_ratio_max": behaviour.max().item(), "rollout_ratio_mean": behaviour.mean().item(), **stats}
-        if recipe.eval.every and setup.eval_tasks and step % recipe.eval.every == 0:
-            metrics["eval_reward"] = evaluate(rollout, setup, recipe, stop)
-        log.metrics(step, metrics)
-        with open(run_dir / "samples.jsonl", "a") as f:
-            for s in samples:
-                f.write(dumps({"step": step, "request_id": s.request_id, "seed": s.seed, "reward": s.reward,
-                               "advantage": s.advantage, "completion": s.meta["text"]}) + "\n")
-        if recipe.checkpoint.every and (step % recipe.checkpoint.every == 0 or step == steps):
-            state = {"trainer": get(recipe, trainer.state_dict.remote()), "sampler": sampler.state_dict(),
-                     "rng": rng.getstate()}
-            checkpoint.save(run_dir, step, state, keep=recipe.checkpoint.keep)
-    log.close()
+    try:
+        sampler = PromptSampler(setup.train_tasks, recipe.rollout.prompts_per_step, recipe.run.seed)
+        step = 0
+        if start is not None:
+            step = checkpoint.step_of(start)
+            trainer.call_one("load_state", start / checkpoint.TRAINER_PART)
+            sampler.load_state_dict(checkpoint.load_part(start, checkpoint.DRIVER_PART)["sampler"])
+        rollout.call("update_weights", *trainer.async_call("weights"))  # both sides start from the same bits
+        if recipe.run.arm != "stock":  # stock pins nothing: its selectors read the batch
+            record_commitment(run_dir, rollout, trainer)
+        with RunLog(run_dir, tensorboard=recipe.log.tensorboard, progress=recipe.log.progress, total_steps=steps,
+                    start_step=step) as log:
+            try:
+                while step < steps:
+                    step += 1
+                    train_step(recipe, setup, rollout, trainer, sampler.next_batch(), step, log)
+                    if recipe.checkpoint.every and (step % recipe.checkpoint.every == 0 or step == steps):
+                        save_checkpoint(run_dir, step, trainer, sampler, recipe.checkpoint.keep)
+            except MismatchError as e:
+                log.close()
+                raise MismatchError(f"{e}; report: {write_report(run_dir)}", e.record) from None
+    finally:
+        if recipe.ray.mode == "ray":
+            import ray
+            ray.shutdown()  # ends the actors; a Ray this process started goes with them
     report = write_report(run_dir)
     print(json.dumps({"run_dir": str(run_dir), "steps": steps, "report": str(report)}))
     return 0
 
 
-def evaluate(rollout, setup, recipe, stop) -> float:
+def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: WorkerGroup, tasks: list[Task],
+               step: int, log: RunLog) -> None:
+    ro = recipe.rollout
+    t0 = time.perf_counter()
+    ids = [(t, j) for t in tasks for j in range(ro.samples_per_prompt)]
+    params = [SamplingParams(seed=sample_seed(recipe.run.seed, step, t.id, j), temperature=ro.temperature,
+                             top_p=ro.top_p, top_k=ro.top_k, max_tokens=ro.max_new_tokens,
+                             stop_token_ids=tuple(setup.tokenizer.eos_token_ids)) for t, j in ids]
+    outs = rollout.call_one("generate", GenerateRequest([setup.prompts[t.id] for t, _ in ids], params))
+    t_rollout = time.perf_counter() - t0
+    samples = []
+    for (t, j), p, o in zip(ids, params, outs):
+        text = setup.tokenizer.decode(o.tokens[o.num_prompt:])
+        samples.append(Sample(f"{t.id}#{j}", o.tokens, o.num_prompt, o.logprobs, ro.temperature, p.seed,
+                              setup.reward(text, t), meta={"text": text}))
+    advantages = group_advantages([s.reward for s in samples], ro.samples_per_prompt,
+                                  std=recipe.train.loss.advantage_std)
+    for s, a in zip(samples, advantages):
+        s.advantage = a
+    old = trainer.call_one("rescore", samples)
+    rollout_lp = [torch.tensor(s.rollout_logprobs, dtype=torch.float32) for s in samples]
+    check = bitcheck(step, [s.request_id for s in samples], rollout_lp, old)
+    log.bitcheck(check)
+    enforce(check, recipe.run.on_mismatch)
+    stats = trainer.call_one("train", samples, old)
+    # pi_trainer / pi_rollout per token: exactly 1 when the bits match (what TIS would correct)
+    behaviour = torch.exp(torch.cat(old) - torch.cat(rollout_lp))
+    (sha,) = set(rollout.call("update_weights", *trainer.async_call("weights")))
+    new_tokens = sum(len(s.tokens) - s.num_prompt for s in samples)
+    metrics = {"reward_mean": sum(s.reward for s in samples) / len(samples), "bit_match": check["bit_match"],
+               "kl_k1": check["kl_k1"], "kl_k3": check["kl_k3"], "max_abs_diff": check["max_abs_diff"],
+               "step_time_s": time.perf_counter() - t0, "rollout_time_s": t_rollout,
+               "tokens_per_s": new_tokens / t_rollout, "new_tokens": new_tokens, "weights_sha256": sha,
+               "rollout_ratio_min": behaviour.min().item(), "rollout_ratio_max": behaviour.max().item(),
+               "rollout_ratio_mean": behaviour.mean().item(), **asdict(stats)}
+    if recipe.eval.every and setup.eval_tasks and step % recipe.eval.every == 0:
+        metrics["eval_reward"] = evaluate(recipe, setup, rollout)
+    log.metrics(step, metrics)
+    log.samples(step, [{"request_id": s.request_id, "seed": s.seed, "reward": s.reward, "advantage": s.advantage,
+                        "completion": s.meta["text"]} for s in samples])
+
+
+def evaluate(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup) -> float:
     """Greedy completions of the held-out tasks; their mean reward."""
     tasks = setup.eval_tasks
-    params = [dict(seed=0, temperature=0.0, max_tokens=recipe.rollout.max_new_tokens, stop_token_ids=stop)] * len(tasks)
-    outs = get(recipe, rollout.generate.remote([setup.prompts[t.id] for t in tasks], params))
-    texts = [setup.tokenizer.decode(o["tokens"][o["num_prompt"]:]) for o in outs]
+    greedy = SamplingParams(seed=0, temperature=0.0, max_tokens=recipe.rollout.max_new_tokens,
+                            stop_token_ids=tuple(setup.tokenizer.eos_token_ids))
+    outs = rollout.call_one("generate", GenerateRequest([setup.prompts[t.id] for t in tasks], [greedy] * len(tasks)))
+    texts = [setup.tokenizer.decode(o.tokens[o.num_prompt:]) for o in outs]
     return sum(setup.reward(x, t) for x, t in zip(texts, tasks)) / len(tasks)
+
+
+def record_commitment(run_dir: Path, rollout: WorkerGroup, trainer: WorkerGroup) -> None:
+    """Writes the resolved commitment tuple (every call site, defaults included) to the run directory;
+    every worker of both groups must run the same one."""
+    (rolled, *others), trained = rollout.call("commitment"), trainer.call("commitment")
+    for other in [*others, *trained]:
+        if other.sha256() != rolled.sha256():
+            raise SelIRError(f"the rollout and trainer workers resolved different commitment tuples "
+                             f"({rolled.sha256()[:12]} vs {other.sha256()[:12]}): their deployments differ")
+    rolled.save(run_dir / COMMITMENT_FILE)
+
+
+def save_checkpoint(run_dir: Path, step: int, trainer: WorkerGroup, sampler: PromptSampler, keep: int) -> None:
+    """The trainer writes its own part (streamed from its tensors), the driver its sampler; then publish."""
+    staged = checkpoint.stage(run_dir, step)
+    trainer.call_one("save_state", staged / checkpoint.TRAINER_PART)
+    checkpoint.save_part(staged, checkpoint.DRIVER_PART, {"sampler": sampler.state_dict()})
+    checkpoint.publish(run_dir, step, staged, keep=keep)
 
 
 if __name__ == "__main__":

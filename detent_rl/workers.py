@@ -1,31 +1,35 @@
-"""The two workers of a run — rollout (the engine) and trainer — as plain classes; the driver
-wraps them in Ray actors (`ray.remote`), so each owns its own process, model copy and device.
+"""The two workers of a run — rollout (the engine) and trainer — and the typed values they exchange.
 
 Both build their model from the same `ModelSpec` (checkpoint directory, arm, dtype, limits,
-commitment tuple), so both select the same kernels with the same pins. The trainer's compute
-weights travel to the engine after every update together with their sha256; the rollout worker
-recomputes the hash of what it now holds and refuses a mismatch.
+commitment tuple), so both select the same kernels with the same pins. `detent_rl.group` runs each
+as Ray actors or in the driver's process. The trainer's compute weights travel to the engine after
+every update as a `WeightUpdate` with their sha256; the rollout worker recomputes the hash of what
+it then holds and refuses a mismatch.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import torch
 
-from detent_rl.kernels.selections import CommitmentTuple
+from detent_rl.config import RolloutSection, TrainSection
+from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.models import load_model
+from detent_rl.models.model import CausalLM
+from detent_rl.models.weights import weights_sha256
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
-from detent_rl.trainer.grpo import LossConfig
-from detent_rl.trainer.trainer import OptimConfig, Sample, Trainer, weights_sha256
+from detent_rl.trainer.trainer import Sample, Trainer, TrainStats
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """What a worker needs to build the run's model: derived once from the recipe by the driver."""
     path: str
     arm: str
     device: str
@@ -36,62 +40,101 @@ class ModelSpec:
     commitment: Optional[str] = None
     threads: int = 0  # CPU: torch threads in this worker (0 = leave torch's default)
 
-    def load(self):
-        if self.device == "cpu" and self.threads:
+    def load(self, device: Optional[str] = None) -> CausalLM:
+        """The model with its weights; on device "meta" without them (what `check` uses)."""
+        if self.device == "cpu" and self.threads and device != "meta":
             torch.set_num_threads(self.threads)
         commitment = CommitmentTuple.load(self.commitment) if self.commitment else None
-        return load_model(self.path, self.arm, device=self.device, dtype=DTYPES[self.dtype], commitment=commitment,
-                          max_context=self.max_context, max_batch=self.max_batch, max_num_tokens=self.max_num_tokens)
+        return load_model(self.path, self.arm, device=device or self.device, dtype=DTYPES[self.dtype],
+                          commitment=commitment, max_context=self.max_context, max_batch=self.max_batch,
+                          max_num_tokens=self.max_num_tokens)
+
+    def check(self) -> None:
+        """Builds the model's selections without weights, so a bad config or commitment tuple (another
+        deployment, unknown sites) fails here in the driver, in one line, before any worker starts."""
+        self.load(device="meta")
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One finished request: prompt + completion tokens and the completion's sampled-token logprobs."""
+    tokens: list[int]
+    num_prompt: int
+    logprobs: list[float]
+    num_cached: int  # prompt tokens served from the prefix cache
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """The trainer's compute weights by the model's own names, and their `weights_sha256`."""
+    weights: dict[str, torch.Tensor]
+    sha256: str
 
 
 class RolloutWorker:
-    def __init__(self, spec: ModelSpec, *, num_blocks: int, max_num_seqs: int, chunk_size: int,
-                 cuda_graphs: Optional[bool]) -> None:
+    PAGE = 16
+
+    def __init__(self, spec: ModelSpec, rollout: RolloutSection) -> None:
         self.model = spec.load()
-        self.engine = Engine(self.model, num_blocks=num_blocks, max_num_seqs=max_num_seqs, chunk_size=chunk_size,
-                             cuda_graphs=cuda_graphs)
+        batch = rollout.prompts_per_step * rollout.samples_per_prompt
+        num_seqs = min(rollout.max_num_seqs, spec.max_batch)
+        # enough pages for every sequence the engine runs at once at full context, plus slack
+        blocks = rollout.num_blocks or min(num_seqs, batch) * -(-spec.max_context // self.model.page_size) + 8
+        graphs = {"auto": None, "on": True, "off": False}[rollout.cuda_graphs]
+        self.engine = Engine(self.model, num_blocks=blocks, max_num_seqs=num_seqs, chunk_size=rollout.chunk_size,
+                             cuda_graphs=graphs)
 
-    def generate(self, prompts: list[list[int]], params: list[dict]) -> list[dict]:
-        seqs = self.engine.generate(prompts, [SamplingParams(**p) for p in params])
-        return [{"tokens": s.tokens, "num_prompt": s.num_prompt, "logprobs": s.logprobs, "cached": s.num_cached}
-                for s in seqs]
+    def generate(self, request: GenerateRequest) -> list[Completion]:
+        seqs = self.engine.generate(request.prompts, request.params)
+        return [Completion(s.tokens, s.num_prompt, s.logprobs, s.num_cached) for s in seqs]
 
-    def update_weights(self, weights: dict[str, torch.Tensor], sha256: str) -> str:
-        self.engine.update_weights(weights)
+    def update_weights(self, update: WeightUpdate) -> str:
+        self.engine.update_weights(update.weights)
         got = weights_sha256(self.model)
-        if got != sha256:
+        if got != update.sha256:
             raise RuntimeError(f"weight sync: the rollout engine holds weights with sha256 {got}, the trainer "
-                               f"sent {sha256}")
+                               f"sent {update.sha256}")
         return got
 
-    def weights_sha256(self) -> str:
-        return weights_sha256(self.model)
+    def commitment(self) -> CommitmentTuple:
+        """Every call site's pins and knobs as this engine runs them (defaults included)."""
+        return self.model.selections.resolved()
 
     def pid(self) -> int:
         return os.getpid()
 
 
 class TrainerWorker:
-    def __init__(self, spec: ModelSpec, optim: OptimConfig, loss: LossConfig) -> None:
+    def __init__(self, spec: ModelSpec, train: TrainSection) -> None:
         self.model = spec.load()
-        ref = spec.load() if loss.kl_coef else None  # frozen reference: the starting weights
-        self.trainer = Trainer(self.model, optim, loss, ref)
+        ref = spec.load() if train.loss.kl_coef else None  # frozen reference: the starting weights
+        self.trainer = Trainer(self.model, train, ref)
 
     def rescore(self, samples: list[Sample]) -> list[torch.Tensor]:
         return self.trainer.rescore(samples)
 
-    def train(self, samples: list[Sample], old: list[torch.Tensor]) -> dict:
+    def train(self, samples: list[Sample], old: list[torch.Tensor]) -> TrainStats:
         return self.trainer.train(samples, old)
 
-    def weights(self) -> tuple[dict[str, torch.Tensor], str]:
+    def weights(self) -> WeightUpdate:
         w = self.trainer.compute_weights()
-        return w, weights_sha256(w)
+        return WeightUpdate(w, weights_sha256(w))
 
-    def state_dict(self) -> dict:
-        return self.trainer.state_dict()
+    def commitment(self) -> CommitmentTuple:
+        return self.model.selections.resolved()
 
-    def load_state_dict(self, state: dict) -> None:
-        self.trainer.load_state_dict(state)
+    def save_state(self, path: str | os.PathLike) -> None:
+        """Writes the trainer's state (masters, optimizer, schedule) to `path`, streamed from the live tensors."""
+        self.trainer.save_state(Path(path))
+
+    def load_state(self, path: str | os.PathLike) -> None:
+        self.trainer.load_state(Path(path))
 
     def pid(self) -> int:
         return os.getpid()

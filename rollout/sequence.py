@@ -1,6 +1,7 @@
 """A request's state in the engine: its tokens, sampling parameters, pages and progress."""
 from __future__ import annotations
 
+import hashlib
 import itertools
 from dataclasses import dataclass, field
 from enum import Enum, auto
@@ -27,6 +28,13 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+def sample_seed(run_seed: int, step: int, prompt_id: str, index: int) -> int:
+    """The seed of one RL sample: a 63-bit hash of (run seed, step, prompt id, sample index), distinct
+    across all four, so a sample's randomness never depends on its batch or slot."""
+    h = hashlib.blake2b(f"{run_seed}\x1f{step}\x1f{prompt_id}\x1f{index}".encode(), digest_size=8)
+    return int.from_bytes(h.digest(), "little") >> 1
 
 
 class Status(Enum):

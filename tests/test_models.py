@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 import detent_rl.kernels.autograd as autograd
 from detent_rl.kernels.selections import KernelSelections
-from detent_rl.models import (CausalLM, CheckpointError, ModelConfig, ModelConfigError, deployment_for,
+from detent_rl.models import (CausalLM, WeightsError, ModelConfig, ModelConfigError, deployment_for,
                               get_context, load_model, set_context)
 from detent_rl.models.runner import SequenceRunner, prefill_batch
 
@@ -241,19 +241,19 @@ def test_checkpoint_errors_name_the_tensors(tmp_path):
         del t["model.layers.1.self_attn.k_proj.bias"], t["lm_head.weight"]
         t["model.layers.0.mlp.extra_proj.weight"] = torch.zeros(2, 2)
     _rewrite_checkpoint(root, drop)
-    with pytest.raises(CheckpointError, match=r"missing tensors \['lm_head.weight', "
+    with pytest.raises(WeightsError, match=r"missing tensors \['lm_head.weight', "
                                               r"'model.layers.1.self_attn.k_proj.bias'\]; "
                                               r"unexpected tensors \['model.layers.0.mlp.extra_proj.weight'\]"):
         load_model(root, "detent", "cpu", torch.float32, **LIMITS)
 
     root = save(hf_model("qwen2"), tmp_path / "b")
     _rewrite_checkpoint(root, lambda t: t.update({"model.layers.0.self_attn.v_proj.weight": torch.zeros(3, 256)}))
-    with pytest.raises(CheckpointError, match=r"model.safetensors: tensor model.layers.0.self_attn.v_proj.weight: "
+    with pytest.raises(WeightsError, match=r"model.safetensors: tensor model.layers.0.self_attn.v_proj.weight: "
                                               r"shape \(3, 256\) does not fit the parameter's \(128, 256\)"):
         load_model(root, "detent", "cpu", torch.float32, **LIMITS)
 
     (root / "model.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="no model.safetensors or model.safetensors.index.json"):
+    with pytest.raises(WeightsError, match="no model.safetensors or model.safetensors.index.json"):
         load_model(root, "detent", "cpu", torch.float32, **LIMITS)
 
 

@@ -9,14 +9,14 @@ import sys
 import pytest
 import torch
 
-from detent_rl import monitor as M
+from detent_rl import bitcheck as B, runlog as L
 from detent_rl import report as R
 
 
 def _fake_run(run_dir, *, mismatching: bool, steps: int = 4, keys: tuple[str, ...] | None = None,
               recipe: str | None = "arm: detent\n") -> None:
     g = torch.Generator().manual_seed(0)
-    with M.RunLog(run_dir, tensorboard=False, progress=False, total_steps=steps) as log:
+    with L.RunLog(run_dir, tensorboard=False, progress=False, total_steps=steps) as log:
         for s in range(1, steps + 1):
             ids = [f"s{s}-q{i}" for i in range(3)]
             rollout = [-torch.rand(8, generator=g) * 4 for _ in ids]
@@ -24,7 +24,7 @@ def _fake_run(run_dir, *, mismatching: bool, steps: int = 4, keys: tuple[str, ..
             if mismatching:
                 for t in rescored:
                     t[2::3] += 1e-3 * torch.randn(t[2::3].shape, generator=g)
-            record = M.bitcheck(s, ids, rollout, rescored)
+            record = B.bitcheck(s, ids, rollout, rescored)
             log.bitcheck(record)
             ratio = 1.0 + (0.01 * s if mismatching else 0.0)
             metrics = {"reward_mean": 0.1 * s, "bit_match": record["bit_match"], "kl_k1": record["kl_k1"],
@@ -51,7 +51,7 @@ def test_passing_run_report(tmp_path):
 def test_stock_like_run_report_shows_the_mismatch(tmp_path):
     _fake_run(tmp_path, mismatching=True, recipe="run:\n  name: x\nselection:\n  arm: stock\n")
     page = R.write_report(tmp_path).read_text()
-    records = M.read_jsonl(tmp_path / M.BITCHECK_FILE)
+    records = L.read_jsonl(tmp_path / L.BITCHECK_FILE)
     first = records[0]["first_mismatches"][0]
     assert first["request_id"] == "s1-q0" and first["position"] == 2
     row = f"<tr><td>1</td><td>s1-q0</td><td>2</td><td>{first['rollout']}</td><td>{first['rescored']}</td>"
@@ -59,6 +59,20 @@ def test_stock_like_run_report_shows_the_mismatch(tmp_path):
     assert "tokens differ (bit-match" in page and "bit-equal in all steps" not in page
     assert "<td>stock</td>" in page
     assert "pi_trainer / pi_rollout range" in page and "0.96 to 1.04" in page
+
+
+def test_the_report_shows_the_resolved_commitment_tuple_and_its_hash(tmp_path):
+    from detent_rl.kernels.commitment import CommitmentTuple
+    _fake_run(tmp_path, mismatching=False)
+    assert "not recorded (no commitment.json" in R.write_report(tmp_path).read_text()
+    tuple_ = CommitmentTuple({"matmul[k=8][n=16]": {"pins": {"bucket": 16}, "knobs": {"pad_m": 1}}},
+                             deployment={"hidden": 8})
+    tuple_.save(tmp_path / R.COMMITMENT_FILE)
+    page = R.write_report(tmp_path).read_text()
+    assert f"sha256 {tuple_.sha256()}, 1 call sites" in page and "matmul[k=8][n=16]" in page
+    (tmp_path / R.COMMITMENT_FILE).write_text("{")
+    with pytest.raises(R.ReportError, match="commitment.json"):
+        R.write_report(tmp_path)
 
 
 def test_missing_keys_say_not_recorded(tmp_path):
@@ -78,7 +92,7 @@ def test_cli_writes_to_out_and_errors_name_the_path(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(tmp_path / "nope") in err
     (tmp_path / "empty").mkdir()
-    (tmp_path / "empty" / M.METRICS_FILE).write_text("")
+    (tmp_path / "empty" / L.METRICS_FILE).write_text("")
     assert R.main([str(tmp_path / "empty")]) != 0
     assert "no logs in" in capsys.readouterr().err
 
@@ -93,11 +107,11 @@ def test_module_entry_point(tmp_path, monkeypatch, capsys):
 
 def test_bad_lines_are_one_line_errors(tmp_path, capsys):
     _fake_run(tmp_path, mismatching=False, steps=2)
-    with open(tmp_path / M.METRICS_FILE, "a") as f:
+    with open(tmp_path / L.METRICS_FILE, "a") as f:
         f.write('{"step":3,"reward_mean":"high"}\n')
     assert R.main([str(tmp_path)]) != 0
     assert "metrics.jsonl: 'reward_mean' at step 3 is not a number" in capsys.readouterr().err
-    with open(tmp_path / M.BITCHECK_FILE, "a") as f:
+    with open(tmp_path / L.BITCHECK_FILE, "a") as f:
         f.write("not json\n")
     assert R.main([str(tmp_path)]) != 0
-    assert f"{tmp_path / M.BITCHECK_FILE}:3: not a JSON line" in capsys.readouterr().err
+    assert f"{tmp_path / L.BITCHECK_FILE}:3: not a JSON line" in capsys.readouterr().err

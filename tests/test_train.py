@@ -1,6 +1,8 @@
-"""The driver end to end on Ray (CPU, the built-in tiny model): every step bit-equal with KL 0 in the
-detent arm and mismatching in the stock arm; a run killed with SIGKILL and resumed reproduces the
-uninterrupted run's steps 4-6 exactly; bad recipes fail with one clear line."""
+"""The driver end to end (CPU, the built-in tiny model): on a local Ray that the driver itself starts
+and stops (no test touches any other Ray), every step bit-equal with KL 0 in the detent arm, and the
+in-process run equal to it; the stock arm stops at its first mismatch and still writes its report;
+a run killed with SIGKILL and resumed reproduces the uninterrupted run's steps 4-6 exactly; resume
+problems and bad recipes fail with one clear line before any worker starts."""
 from __future__ import annotations
 
 import json
@@ -29,24 +31,8 @@ rollout: {{prompts_per_step: 2, samples_per_prompt: 3, max_new_tokens: 12}}
 train: {{steps: 6, lr: 1.0e-3, micro_batch_size: 3, updates_per_batch: 2}}
 checkpoint: {{every: 3}}
 log: {{progress: false, tensorboard: false}}
+ray: {{num_cpus: 2}}
 """
-
-
-@pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory):
-    """One local Ray head for the module's drivers (each connects through RAY_ADDRESS)."""
-    tmp = tmp_path_factory.mktemp("ray")
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    out = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--num-cpus=4",
-                          "--include-dashboard=false", f"--temp-dir={tmp}", "--port=0"],
-                         env=env, capture_output=True, text=True, timeout=120)
-    if out.returncode != 0:
-        pytest.fail(f"ray start failed: {out.stderr[-2000:]}")
-    address = next((line.split("'")[1] for line in out.stdout.splitlines() if "ray.init(address=" in line
-                    or "RAY_ADDRESS" in line and "'" in line), None)
-    yield address or "auto"
-    subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], env=env, capture_output=True,
-                   timeout=120)
 
 
 def _recipe(tmp: Path, run_dir: Path, arm: str = "detent") -> Path:
@@ -55,13 +41,14 @@ def _recipe(tmp: Path, run_dir: Path, arm: str = "detent") -> Path:
     return p
 
 
-def _driver(recipe: Path, address: str, *extra: str, wait: bool = True) -> subprocess.Popen:
-    env = {**os.environ, "RAY_ADDRESS": address, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+def _driver(recipe: Path, *extra: str, wait: bool = True, rc: int = 0) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # the driver's own local Ray
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", RAY_USAGE_STATS_ENABLED="0")
     proc = subprocess.Popen([sys.executable, "-m", "detent_rl.train", str(recipe), *extra], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     if wait:
-        out, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, out[-4000:]
+        proc.out, proc.err = proc.communicate(timeout=600)
+        assert proc.returncode == rc, proc.out[-3000:] + proc.err[-3000:]
     return proc
 
 
@@ -70,46 +57,53 @@ def _lines(run_dir: Path, name: str) -> dict[int, dict]:
     return {r["step"]: {k: v for k, v in r.items() if k not in TIMING} for r in rows}
 
 
-def test_detent_run_is_bit_equal_stock_is_not_and_inline_equals_ray(tmp_path, ray_cluster):
-    runs = {arm: tmp_path / arm for arm in ("detent", "stock")}
-    for arm, run_dir in runs.items():
-        extra = ["train.steps=2", "checkpoint.every=0"] + (["run.on_mismatch=warn"] if arm == "stock" else [])
-        _driver(_recipe(tmp_path, run_dir, arm), ray_cluster, *extra)
-    checks = _lines(runs["detent"], "bitcheck.jsonl")
+def test_detent_run_is_bit_equal_stock_stops_with_a_report_and_inline_equals_ray(tmp_path):
+    ray_run, inline, stock = tmp_path / "ray", tmp_path / "inline", tmp_path / "stock"
+    _driver(_recipe(tmp_path, ray_run), "train.steps=2", "checkpoint.every=0")
+    checks = _lines(ray_run, "bitcheck.jsonl")
     assert [c["bit_match"] for c in checks.values()] == [1.0, 1.0]
     assert all(c["kl_k1"] == 0.0 and c["kl_k3"] == 0.0 and not c["first_mismatches"] for c in checks.values())
-    metrics = _lines(runs["detent"], "metrics.jsonl")
+    metrics = _lines(ray_run, "metrics.jsonl")
     assert all(m["first_minibatch_ratio_ones"] == 1.0 for m in metrics.values())
     assert all(m["rollout_ratio_min"] == m["rollout_ratio_max"] == 1.0 for m in metrics.values())
-    assert "all" in (runs["detent"] / "report.html").read_text() and (runs["detent"] / "recipe.yaml").is_file()
-    inline = tmp_path / "inline"  # the same recipe without Ray: workers in the driver's process, same bits
-    _driver(_recipe(tmp_path, inline), ray_cluster, "train.steps=2", "checkpoint.every=0", "ray.mode=inline")
+    assert "all" in (ray_run / "report.html").read_text() and (ray_run / "recipe.yaml").is_file()
+    samples = [json.loads(x) for x in (ray_run / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in samples] == [1] * 6 + [2] * 6
+    # the same recipe without Ray: workers in the driver's process, the same bits
+    _driver(_recipe(tmp_path, inline), "train.steps=2", "checkpoint.every=0", "ray.mode=inline")
     assert _lines(inline, "bitcheck.jsonl") == checks
     assert _lines(inline, "metrics.jsonl") == metrics
-    stock = _lines(runs["stock"], "bitcheck.jsonl")  # the negative control: the same loop, mismatching
-    assert any(c["bit_match"] < 1.0 and c["kl_k3"] != 0.0 for c in stock.values())
-    assert any(m["rollout_ratio_min"] != 1.0 or m["rollout_ratio_max"] != 1.0
-               for m in _lines(runs["stock"], "metrics.jsonl").values())
-    assert "tokens differ" in (runs["stock"] / "report.html").read_text()
+    assert (inline / "commitment.json").read_bytes() == (ray_run / "commitment.json").read_bytes()
+    # the negative control: the same loop in the stock arm stops at step 1, and says where its report is
+    proc = _driver(_recipe(tmp_path, stock, "stock"), "ray.mode=inline", rc=2)
+    (line,) = proc.err.strip().splitlines()
+    assert "bit-check failed at step 1" in line and f"report: {stock / 'report.html'}" in line, line
+    (check,) = _lines(stock, "bitcheck.jsonl").values()
+    assert check["bit_match"] < 1.0 and check["kl_k3"] != 0.0
+    assert "tokens differ" in (stock / "report.html").read_text()
 
 
-def test_a_killed_run_resumes_to_the_uninterrupted_runs_bits(tmp_path, ray_cluster):
+def test_a_killed_run_resumes_to_the_uninterrupted_runs_bits(tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    _driver(_recipe(tmp_path, whole), ray_cluster)
-    proc = _driver(_recipe(tmp_path, killed), ray_cluster, wait=False)
+    _driver(_recipe(tmp_path, whole), "ray.mode=inline")
+    proc = _driver(_recipe(tmp_path, killed), "ray.mode=inline", wait=False)
     deadline = time.time() + 600
     while not (killed / "checkpoints" / "step_000003").is_dir():
         assert proc.poll() is None and time.time() < deadline, "the run ended before its step-3 checkpoint"
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)  # mid-run, somewhere in step 4
     proc.wait()
-    _driver(_recipe(tmp_path, killed), ray_cluster, "--resume")
-    for name in ("bitcheck.jsonl", "metrics.jsonl"):
+    _driver(_recipe(tmp_path, killed), "--resume", "ray.mode=inline")
+    for name in ("bitcheck.jsonl", "metrics.jsonl", "samples.jsonl"):
         a, b = _lines(whole, name), _lines(killed, name)
         assert sorted(b) == [1, 2, 3, 4, 5, 6]
         for step in (4, 5, 6):
             assert a[step] == b[step], f"{name} step {step} differs after resume"
     assert _lines(whole, "metrics.jsonl")[6]["weights_sha256"] == _lines(killed, "metrics.jsonl")[6]["weights_sha256"]
+    # --resume PATH: from the step-3 checkpoint of the whole run, into a new directory
+    again = tmp_path / "again"
+    _driver(_recipe(tmp_path, again), "ray.mode=inline", "--resume", str(whole / "checkpoints" / "step_000003"))
+    assert _lines(again, "metrics.jsonl")[6]["weights_sha256"] == _lines(whole, "metrics.jsonl")[6]["weights_sha256"]
 
 
 @pytest.mark.parametrize("override, message", [
@@ -138,7 +132,7 @@ def test_the_default_recipe_runs_bit_equal_on_a_local_ray(tmp_path):
     run_dir = tmp_path / "default"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # the recipe's own local Ray
     out = subprocess.run([sys.executable, "-m", "detent_rl.train", str(ROOT / "recipes" / "grpo_bf16.yaml"),
-                          f"run.dir={run_dir}", "train.steps=1", "rollout.prompts_per_step=2",
+                          f"run.dir={run_dir}", "train.steps=1", "checkpoint.every=0", "rollout.prompts_per_step=2",
                           "rollout.samples_per_prompt=2", "rollout.max_new_tokens=8", "log.tensorboard=false"],
                          cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -148,15 +142,18 @@ def test_the_default_recipe_runs_bit_equal_on_a_local_ray(tmp_path):
     assert (run_dir / "report.html").is_file()
 
 
-def test_resuming_from_a_corrupt_checkpoint_is_refused_in_one_line(tmp_path):
-    run_dir = tmp_path / "corrupt"
-    broken = run_dir / "checkpoints" / "step_000003"
-    broken.mkdir(parents=True)
-    (broken / "manifest.json").write_text("{")
-    out = subprocess.run([sys.executable, "-m", "detent_rl.train", str(_recipe(tmp_path, run_dir)), "--resume",
-                          "ray.mode=inline", "log.tensorboard=false"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
-    assert "step_000003: unreadable manifest.json" in lines[-1] and "not loaded" in lines[-1], out.stderr[-2000:]
-    assert not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text()
+def test_resume_problems_are_one_line_and_found_before_any_worker_starts(tmp_path):
+    recipe = _recipe(tmp_path, tmp_path / "run")
+    proc = _driver(recipe, "--resume", rc=2)  # no checkpoint at all (and Ray mode: it never starts)
+    (line,) = proc.err.strip().splitlines()
+    assert "no checkpoint" in line.lower() and str(tmp_path / "run") in line, line
+    assert not (tmp_path / "run" / "recipe.yaml").exists(), "the run started before the resume check"
+    _driver(recipe, "ray.mode=inline", "train.steps=3", "checkpoint.every=1", "checkpoint.keep=3")
+    newest = tmp_path / "run" / "checkpoints" / "step_000003"
+    (newest / "manifest.json").write_text("{")
+    (tmp_path / "run" / "recipe.yaml").unlink()
+    proc = _driver(recipe, "--resume", "train.steps=4", rc=2)
+    (line,) = proc.err.strip().splitlines()
+    assert "step_000003: unreadable manifest.json" in line and "not loaded" in line, line
+    assert str(tmp_path / "run" / "checkpoints" / "step_000002") in line, "the newest intact checkpoint is named"
+    assert not (tmp_path / "run" / "recipe.yaml").exists()

@@ -10,8 +10,10 @@ import torch
 from detent_rl.models import load_model
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
-from detent_rl.trainer.grpo import LossConfig, group_advantages, normalizer, sequence_loss
-from detent_rl.trainer.trainer import OptimConfig, Sample, Trainer, weights_sha256
+from detent_rl.config import LossSection, TrainSection
+from detent_rl.models.weights import weights_sha256
+from detent_rl.trainer.grpo import group_advantages, normalizer, sequence_loss
+from detent_rl.trainer.trainer import Sample, Trainer
 from test_models import LIMITS, hf_model, save, sequences
 
 
@@ -26,7 +28,7 @@ def test_group_advantages_grpo_and_dr_grpo():
 
 def test_sequence_loss_ratio_clip_tis_and_kl():
     lp = torch.tensor([-1.0, -2.0, -0.5])
-    cfg = LossConfig(clip_low=0.2, clip_high=0.28)
+    cfg = LossSection(clip_low=0.2, clip_high=0.28)
     loss, st = sequence_loss(lp.clone(), lp.clone(), lp.clone(), 2.0, cfg)
     assert st["ratio_ones"] == 3 and loss.item() == -6.0  # ratio 1: -A per token
     new = lp + math.log(1.5)  # ratio 1.5 > 1.28: the clipped term is the min for A > 0
@@ -34,16 +36,14 @@ def test_sequence_loss_ratio_clip_tis_and_kl():
     assert loss.item() == pytest.approx(-3 * 1.28) and st["clipped"] == 3
     loss, _ = sequence_loss(new, lp, lp, -1.0, cfg)  # A < 0: min picks the unclipped -1.5 * -1... i.e. 1.5
     assert loss.item() == pytest.approx(3 * 1.5)
-    tis = LossConfig(tis_cap=2.0)
+    tis = LossSection(tis_cap=2.0)
     loss, _ = sequence_loss(lp.clone(), lp, lp - math.log(4.0), 1.0, tis)  # w = min(4, 2) = 2
     assert loss.item() == pytest.approx(-6.0)
     ref = lp - 0.1
     for est, want in (("k1", 0.1), ("k3", math.exp(-0.1) + 0.1 - 1)):
-        loss, st = sequence_loss(lp.clone(), lp, lp, 0.0, LossConfig(kl_coef=1.0, kl_estimator=est), ref)
+        loss, st = sequence_loss(lp.clone(), lp, lp, 0.0, LossSection(kl_coef=1.0, kl_estimator=est), ref)
         assert loss.item() == pytest.approx(3 * want, rel=1e-5)
-    assert normalizer([3, 5], LossConfig()) == 8 and normalizer([3, 5], LossConfig(aggregation="seq-mean-token-sum")) == 2
-    with pytest.raises(ValueError, match="aggregation"):
-        LossConfig(aggregation="mean")
+    assert normalizer([3, 5], LossSection()) == 8 and normalizer([3, 5], LossSection(aggregation="seq-mean-token-sum")) == 2
 
 
 def _rollout(model, n_prompts=2, group=3, max_tokens=6):
@@ -60,12 +60,12 @@ def test_first_minibatch_ratio_is_exactly_one_and_the_policy_moves(tmp_path, dty
     samples = _rollout(model)
     for s, a in zip(samples, group_advantages([1.0, 0.0, 0.0, 0.0, 1.0, 0.0], 3, std=True)):
         s.advantage = a
-    trainer = Trainer(model, OptimConfig(lr=1e-3, micro_batch_size=2, updates_per_batch=2), LossConfig())
+    trainer = Trainer(model, TrainSection(lr=1e-3, micro_batch_size=2, updates_per_batch=2))
     old = trainer.rescore(samples)
     assert [o.tolist() for o in old] == [s.rollout_logprobs for s in samples]  # bit-equal rescore
     before = weights_sha256(model)
     stats = trainer.train(samples, old)
-    assert stats["first_minibatch_ratio_ones"] == 1.0, "the first minibatch's ratios must be exactly 1.0"
+    assert stats.first_minibatch_ratio_ones == 1.0, "the first minibatch's ratios must be exactly 1.0"
     assert weights_sha256(model) != before
     after = trainer.rescore(samples)
     gain = [float((a - o).sum()) for a, o in zip(after, old)]
@@ -85,13 +85,13 @@ def test_micro_batches_accumulate_to_the_whole_minibatch(tmp_path):
         samples = _rollout(model)
         for s, a in zip(samples, (1.0, -1.0, 0.5, 0.0, 2.0, -2.0)):
             s.advantage = a
-        trainer = Trainer(model, OptimConfig(lr=1e-3, micro_batch_size=micro, grad_clip=0.0), LossConfig())
+        trainer = Trainer(model, TrainSection(lr=1e-3, micro_batch_size=micro, grad_clip=0.0))
         grads, step = [], trainer.opt.step
         trainer.opt.step = lambda: grads.extend(m.grad.clone() for m in trainer.master) or step()
         stats = trainer.train(samples, trainer.rescore(samples))
         results.append((stats, grads))
     (a, ga), (b, gb) = results
-    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    assert a.loss == pytest.approx(b.loss, rel=1e-5) and a.grad_norm == pytest.approx(b.grad_norm, rel=1e-4)
     assert len(ga) == len(gb) > 0
     assert all(torch.allclose(x, y, rtol=1e-4, atol=1e-7) for x, y in zip(ga, gb))
 
@@ -101,8 +101,7 @@ def test_state_round_trip_continues_identically(tmp_path):
 
     def fresh():
         model = load_model(path, "detent", dtype=torch.float32, **LIMITS)
-        return model, Trainer(model, OptimConfig(lr=1e-3, lr_schedule="cosine", warmup_steps=1, total_steps=4),
-                              LossConfig())
+        return model, Trainer(model, TrainSection(steps=4, lr=1e-3, lr_schedule="cosine", warmup_steps=1))
 
     model, trainer = fresh()
     samples = _rollout(model)

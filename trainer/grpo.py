@@ -22,10 +22,11 @@ share is `sum(its token or sequence terms) / normalizer(minibatch)` and shares a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
+
+from detent_rl.config import LossSection
 
 
 def group_advantages(rewards: Sequence[float], group_size: int, *, std: bool, eps: float = 1e-6) -> list[float]:
@@ -38,29 +39,13 @@ def group_advantages(rewards: Sequence[float], group_size: int, *, std: bool, ep
     return adv.view(-1).tolist()
 
 
-@dataclass(frozen=True)
-class LossConfig:
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    aggregation: str = "token-mean"  # or "seq-mean-token-sum"
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"  # or "k1"
-    tis_cap: Optional[float] = None
-
-    def __post_init__(self) -> None:
-        if self.aggregation not in ("token-mean", "seq-mean-token-sum"):
-            raise ValueError(f"aggregation must be token-mean or seq-mean-token-sum, got {self.aggregation!r}")
-        if self.kl_estimator not in ("k1", "k3"):
-            raise ValueError(f"kl_estimator must be k1 or k3, got {self.kl_estimator!r}")
-
-
-def normalizer(lengths: Sequence[int], cfg: LossConfig) -> int:
+def normalizer(lengths: Sequence[int], cfg: LossSection) -> int:
     """The divisor of a minibatch whose sequences have these completion lengths."""
     return sum(lengths) if cfg.aggregation == "token-mean" else len(lengths)
 
 
 def sequence_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, logp_rollout: torch.Tensor, advantage: float,
-                  cfg: LossConfig, logp_ref: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict]:
+                  cfg: LossSection, logp_ref: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict]:
     """(sum of this sequence's loss_t, token statistics); all 1-D fp32 over its completion."""
     ratio = torch.exp(logp_new - logp_old)
     a = torch.as_tensor(advantage, dtype=ratio.dtype, device=ratio.device)

@@ -3,7 +3,7 @@
 Weights. The model's parameters are the *compute* weights, in the model dtype (bf16 in the BF16
 recipe); the optimizer owns an fp32 master copy. After each optimizer step the masters are rounded
 into the compute weights in place, and those compute weights — exactly — are what the rollout
-engine receives (`compute_weights`, with `weights_sha256` checked on both sides).
+engine receives (`compute_weights`, with `models.weights.weights_sha256` checked on both sides).
 
 A step: `rescore` recomputes every sample's completion logprobs with no grad (the bit-check's
 right-hand side, and GRPO's logp_old); `train` splits the batch into `updates_per_batch`
@@ -16,32 +16,17 @@ learning-rate schedule (per optimizer step), and the rounding back into the comp
 from __future__ import annotations
 
 import copy
-import hashlib
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
+from detent_rl.config import TrainSection
 from detent_rl.models.model import CausalLM
 from detent_rl.models.runner import completion_logprobs
-from detent_rl.trainer.grpo import LossConfig, normalizer, sequence_loss
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    lr: float = 1e-6
-    lr_schedule: str = "constant"  # constant | linear | cosine (decay to 0 over the run, after warm-up)
-    warmup_steps: int = 0  # optimizer steps
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # 0 = off
-    micro_batch_size: int = 8
-    updates_per_batch: int = 1
-    total_steps: int = 1  # rollout steps of the run; optimizer steps = total_steps * updates_per_batch
+from detent_rl.trainer.grpo import normalizer, sequence_loss
 
 
 @dataclass
@@ -58,31 +43,23 @@ class Sample:
     meta: dict = field(default_factory=dict)
 
 
-def weights_sha256(named: dict[str, torch.Tensor] | CausalLM) -> str:
-    """sha256 over (name, dtype, shape, sha256 of the bytes) of every weight in name order.
-
-    The tensors' own digests run in threads (hashlib releases the GIL on large buffers), each as soon
-    as its bytes are on the host, so a 0.5B model hashes in a fraction of a serial pass."""
-    items = dict(named.named_parameters()) if isinstance(named, CausalLM) else named
-    names = sorted(items)
-
-    def digest(t: torch.Tensor) -> str:
-        return hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy()).hexdigest()
-
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        jobs = {}
-        for n in names:
-            t = items[n].detach().contiguous().cpu()
-            jobs[n] = (t.dtype, tuple(t.shape), pool.submit(digest, t))
-    h = hashlib.sha256()
-    for n in names:
-        dtype, shape, job = jobs[n]
-        h.update(f"{n}|{dtype}|{shape}|{job.result()}\n".encode())
-    return h.hexdigest()
+@dataclass(frozen=True)
+class TrainStats:
+    """One `train` call: mean loss, largest grad norm, lr after it, and GRPO's token statistics."""
+    loss: float
+    grad_norm: float
+    lr: float
+    ratio_mean: float
+    ratio_min: float
+    ratio_max: float
+    clip_frac: float
+    kl_ref: float
+    first_minibatch_ratio_ones: float  # exactly 1.0 when the training forward reproduces the rescore
+    train_tokens: int
 
 
-def _lr_factor(cfg: OptimConfig):
-    total = max(1, cfg.total_steps * cfg.updates_per_batch)
+def _lr_factor(cfg: TrainSection):
+    total = max(1, cfg.steps * cfg.updates_per_batch)
 
     def factor(step: int) -> float:
         if step < cfg.warmup_steps:
@@ -110,24 +87,19 @@ def _merge(into: dict, st: dict) -> None:
 
 
 class Trainer:
-    def __init__(self, model: CausalLM, optim: OptimConfig, loss: LossConfig,
-                 ref_model: Optional[CausalLM] = None) -> None:
-        if optim.lr_schedule not in ("constant", "linear", "cosine"):
-            raise ValueError(f"lr_schedule must be constant, linear or cosine, got {optim.lr_schedule!r}")
-        if optim.micro_batch_size < 1 or optim.updates_per_batch < 1:
-            raise ValueError("micro_batch_size and updates_per_batch must be >= 1")
-        if loss.kl_coef and ref_model is None:
+    def __init__(self, model: CausalLM, cfg: TrainSection, ref_model: Optional[CausalLM] = None) -> None:
+        if cfg.loss.kl_coef and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
-        self.model, self.optim_cfg, self.loss_cfg, self.ref_model = model, optim, loss, ref_model
+        self.model, self.cfg, self.ref_model = model, cfg, ref_model
         self.names = [n for n, _ in model.named_parameters()]  # a tied head appears once
         self.params = [p for _, p in model.named_parameters()]
         self.master = [torch.nn.Parameter(p.detach().float().clone()) for p in self.params]
-        self.opt = torch.optim.AdamW(self.master, lr=optim.lr, betas=optim.betas, eps=optim.eps,
-                                     weight_decay=optim.weight_decay, foreach=False)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_factor(optim))
+        self.opt = torch.optim.AdamW(self.master, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                                     weight_decay=cfg.weight_decay, foreach=False)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_factor(cfg))
 
     def _micro(self, samples: list[Sample]) -> list[list[Sample]]:
-        n = self.optim_cfg.micro_batch_size
+        n = self.cfg.micro_batch_size
         return [samples[i:i + n] for i in range(0, len(samples), n)]
 
     def _logprobs(self, model: CausalLM, samples: list[Sample]) -> list[torch.Tensor]:
@@ -142,11 +114,11 @@ class Trainer:
             out.extend(t.cpu() for t in self._logprobs(self.model, micro))
         return out
 
-    def train(self, samples: list[Sample], old_logprobs: list[torch.Tensor]) -> dict:
+    def train(self, samples: list[Sample], old_logprobs: list[torch.Tensor]) -> TrainStats:
         """`updates_per_batch` optimizer steps over the batch; returns the step's statistics."""
         if len(samples) != len(old_logprobs):
             raise ValueError(f"{len(samples)} samples but {len(old_logprobs)} old logprob tensors")
-        k = self.optim_cfg.updates_per_batch
+        k = self.cfg.updates_per_batch
         size = -(-len(samples) // k)
         stats = _no_stats()
         losses, norms, first_ratio = [], [], None
@@ -159,13 +131,13 @@ class Trainer:
                 first_ratio = mb_stats["ratio_ones"] / max(1, mb_stats["tokens"])
             _merge(stats, mb_stats)
         t = max(1, stats["tokens"])
-        return {"loss": sum(losses) / len(losses), "grad_norm": max(norms), "lr": self.sched.get_last_lr()[0],
-                "ratio_mean": stats["ratio_sum"] / t, "ratio_min": stats["ratio_min"], "ratio_max": stats["ratio_max"],
-                "clip_frac": stats["clipped"] / t, "kl_ref": stats["kl_sum"] / t,
-                "first_minibatch_ratio_ones": first_ratio, "train_tokens": stats["tokens"]}
+        return TrainStats(loss=sum(losses) / len(losses), grad_norm=max(norms), lr=self.sched.get_last_lr()[0],
+                          ratio_mean=stats["ratio_sum"] / t, ratio_min=stats["ratio_min"],
+                          ratio_max=stats["ratio_max"], clip_frac=stats["clipped"] / t, kl_ref=stats["kl_sum"] / t,
+                          first_minibatch_ratio_ones=first_ratio, train_tokens=stats["tokens"])
 
     def _update(self, samples: list[Sample], old: list[torch.Tensor]) -> tuple[float, float, dict]:
-        cfg = self.loss_cfg
+        cfg = self.cfg.loss
         norm = normalizer([len(s.tokens) - s.num_prompt for s in samples], cfg)
         for mp in self.master:
             mp.grad = torch.zeros_like(mp)
@@ -200,7 +172,7 @@ class Trainer:
             for p in self.params:
                 p.requires_grad_(False)
                 p.grad = None
-        clip = self.optim_cfg.grad_clip
+        clip = self.cfg.grad_clip
         grad_norm = torch.nn.utils.clip_grad_norm_(self.master, clip if clip > 0 else math.inf).item()
         self.opt.step()
         self.sched.step()

@@ -27,8 +27,8 @@ UNFUSED = {v: k for k, v in FUSED.items()}
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints saved
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that does not match the model built from its config; names the files and tensors."""
+class WeightsError(ValueError):
+    """Weight files that do not match the model built from their config; names the files and tensors."""
 
 
 def load_model(path: str | Path, selections: KernelSelections | str = "detent", device: Device = "cpu",
@@ -53,7 +53,8 @@ def load_model(path: str | Path, selections: KernelSelections | str = "detent", 
         raise ValueError("load_model: give `commitment` with an arm name, not with built KernelSelections "
                          "(pass the tuple to KernelSelections instead)")
     model = CausalLM(config, selections, device, dtype)
-    load_weights(model, root)
+    if model.device.type != "meta":  # on "meta": the model's shapes and selections alone, e.g. to check a tuple
+        load_weights(model, root)
     return model
 
 
@@ -64,16 +65,16 @@ def checkpoint_files(root: Path) -> list[Path]:
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{index}: not a safetensors index with a 'weight_map' ({e!r})") from e
+            raise WeightsError(f"{index}: not a safetensors index with a 'weight_map' ({e!r})") from e
         files = [root / name for name in sorted(set(weight_map.values()))]
         absent = [str(f) for f in files if not f.is_file()]
         if absent:
-            raise CheckpointError(f"{index}: lists shards that do not exist: {absent}")
+            raise WeightsError(f"{index}: lists shards that do not exist: {absent}")
         return files
     single = root / "model.safetensors"
     if single.is_file():
         return [single]
-    raise CheckpointError(f"{root}: no model.safetensors or model.safetensors.index.json")
+    raise WeightsError(f"{root}: no model.safetensors or model.safetensors.index.json")
 
 
 def _tensors(files: list[Path]) -> Iterator[tuple[str, str, Callable[[], torch.Tensor]]]:
@@ -123,13 +124,13 @@ def load_named(model: CausalLM, tensors: Iterable[tuple[str, str, Callable[[], t
             else:
                 param.weight_loader(param, get().to(param.device), shard)
         except ValueError as e:
-            raise CheckpointError(f"{origin}: tensor {hf_name}: {e}") from e
+            raise WeightsError(f"{origin}: tensor {hf_name}: {e}") from e
         loaded.add((name, shard))
     missing = sorted(_hf_name(name, shard) for name, shard in expected - loaded) if strict else []
     if missing or unexpected:
         parts = [f"missing tensors {missing}"] if missing else []
         parts += [f"unexpected tensors {sorted(unexpected)}"] if unexpected else []
-        raise CheckpointError(f"{source} does not match the model's config "
+        raise WeightsError(f"{source} does not match the model's config "
                               f"({model.config.model_type}): {'; '.join(parts)}")
     return len(loaded)
 
