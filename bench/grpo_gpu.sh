@@ -57,7 +57,7 @@ run)
     dir=$home/runs/$name
     rm -rf "$dir" && mkdir -p "$dir"
     start=$(date +%s)
-    timeout "${RUN_TIMEOUT:-0}" python3 -P -m detent_rl.train "$recipe" run.dir="$dir" ray.mode=inline \
+    timeout "${RUN_TIMEOUT:-0}" python3 -P -m detent_rl.train "$recipe" run.dir="$dir" ray.mode=inline checkpoint.every=0 \
         log.progress=false log.tensorboard=$tb "$@" 2>&1 | tee "$dir/train.log"
     status=${PIPESTATUS[0]}
     echo "== $name: exit $status, $(( $(date +%s) - start )) s wall" | tee -a "$dir/train.log"
