@@ -15,12 +15,12 @@ import hashlib
 import marshal
 import os
 import platform
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Optional
 
 import detent_rl
+from detent_rl import atomic
 from detent_rl.selir import ranges
 from detent_rl.selir.graph import Node
 from detent_rl.selir.lower import reachable
@@ -130,14 +130,4 @@ class JITCache:
         if not self.enabled:
             return
         body = marshal.dumps(dump_solution(sol))
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{key[:16]}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path(key))
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic.write_bytes(self.path(key), hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
