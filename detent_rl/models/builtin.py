@@ -114,9 +114,15 @@ def write_checkpoint(out: str | Path, config: dict, init: str, seed: int = SEED)
         if init == "unit-gain":
             init_unit_gain(model, seed)
         model = model.to(DTYPE)
-    with staged_dir(out) as tmp, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.save_pretrained(tmp)
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()  # a one-shard write needs no bar in a run's output
+    try:
+        with staged_dir(out) as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.save_pretrained(tmp)
+    finally:
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
     return Path(out)
 
 
