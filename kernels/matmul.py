@@ -16,13 +16,8 @@ from detent_rl.kernels._triton import interpreting, tl, triton
 
 
 @triton.jit
-def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, stride_xk,
-                   stride_wn, stride_wk, stride_om, stride_on, k_blocks_per_split,
-                   HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                   IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
+def _tile_offsets(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Program `pid`'s rows and columns, tiles visited in groups of GROUP_M row tiles (L2 reuse)."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     group = GROUP_M * num_pid_n
@@ -30,12 +25,15 @@ def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, str
     size_m = min(num_pid_m - first_m, GROUP_M)
     pid_m = first_m + (pid % group) % size_m
     pid_n = (pid % group) // size_m
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k0 = pid_k * k_blocks_per_split * BLOCK_K
-    for kb in range(0, k_blocks_per_split):
-        offs_k = k0 + kb * BLOCK_K + tl.arange(0, BLOCK_K)
+    return pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+
+
+@triton.jit
+def _dot_k_blocks(x_ptr, w_ptr, acc, offs_m, offs_n, k_start, num_blocks, M, N, K, stride_xm, stride_xk,
+                  stride_wn, stride_wk, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """`acc` plus the products of `num_blocks` BLOCK_K blocks of K from `k_start`, in block order."""
+    for kb in range(0, num_blocks):
+        offs_k = k_start + kb * BLOCK_K + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
                     mask=(offs_m[:, None] < M) & (offs_k[None, :] < K), other=0.0)
         w = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
@@ -47,6 +45,20 @@ def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, str
             acc = tl.dot(x, w, acc, input_precision="ieee")
         else:
             acc = tl.dot(x, w, acc)
+    return acc
+
+
+@triton.jit
+def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, stride_xk,
+                   stride_wn, stride_wk, stride_om, stride_on, k_blocks_per_split,
+                   HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                   IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    pid_k = tl.program_id(1)
+    offs_m, offs_n = _tile_offsets(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = _dot_k_blocks(x_ptr, w_ptr, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), offs_m, offs_n,
+                        pid_k * k_blocks_per_split * BLOCK_K, k_blocks_per_split, M, N, K, stride_xm, stride_xk,
+                        stride_wn, stride_wk, BLOCK_K, IEEE, UPCAST)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if SPLIT_K == 1:
         if HAS_BIAS:
@@ -55,6 +67,7 @@ def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, str
                  acc.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         tl.store(ws_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
+
 
 @triton.jit
 def _splitk_reduce_kernel(ws_ptr, b_ptr, out_ptr, M, N, stride_om, stride_on,
