@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import IO, Iterator
 
 
-def fsync_dir(path: str | os.PathLike) -> None:
+def fsync_path(path: str | os.PathLike) -> None:
+    """fsync a file's bytes, or a directory's entries (a rename in it), by path."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -46,7 +47,7 @@ def replacing(path: str | os.PathLike, mode: str = "w", encoding: str | None = "
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
@@ -78,11 +79,7 @@ def publish_dir(tmp: str | os.PathLike, path: str | os.PathLike, *, replace: boo
     try:
         for f in tmp.rglob("*"):
             if f.is_file():
-                fd = os.open(f, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                fsync_path(f)
         os.chmod(tmp, 0o755)
         old = _set_aside(final) if replace else None
         try:
@@ -91,7 +88,7 @@ def publish_dir(tmp: str | os.PathLike, path: str | os.PathLike, *, replace: boo
             if replace or not final.exists():
                 raise
             shutil.rmtree(tmp, ignore_errors=True)  # lost a race to an equal copy
-        fsync_dir(final.parent)
+        fsync_path(final.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         if replace and old is not None and not final.exists():
@@ -130,7 +127,7 @@ def _set_aside(path: Path) -> Path | None:
         return None
     aside = stage_dir(path)
     os.rename(path, aside)  # onto the empty directory mkdtemp made
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
     return aside
 
 

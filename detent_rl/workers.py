@@ -78,8 +78,6 @@ class WeightUpdate:
 
 
 class RolloutWorker:
-    PAGE = 16
-
     def __init__(self, spec: ModelSpec, rollout: RolloutSection) -> None:
         self.model = spec.load()
         batch = rollout.prompts_per_step * rollout.samples_per_prompt

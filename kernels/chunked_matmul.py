@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from detent_rl.kernels._triton import interpreting, tl, triton
-from detent_rl.kernels.matmul import _dot_k_blocks, _splitk_reduce_kernel, _tile_offsets
+from detent_rl.kernels.matmul import _dot_k_blocks, _tile_offsets, check_operands, combine_splits
 
 
 @triton.jit
@@ -57,10 +57,7 @@ def chunked_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
                    num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
     """`x @ w.T + bias` for x [M, K], w [N, K]: K partitioned into `chunk`-element chunks (the pin),
     computed by the parallel or the sequential schedule with the given tile (free per call)."""
-    assert x.dim() == 2 and w.dim() == 2 and x.shape[1] == w.shape[1], \
-        f"chunked_linear expects x [M, K] and w [N, K], got {tuple(x.shape)}, {tuple(w.shape)}"
-    assert x.dtype == w.dtype and x.device == w.device, f"x and w: {x.dtype}/{x.device} vs {w.dtype}/{w.device}"
-    assert bias is None or (bias.shape == (w.shape[0],) and bias.dtype == w.dtype and bias.device == w.device)
+    check_operands(x, w, bias)
     assert chunk > 0 and block_k > 0 and chunk % block_k == 0, f"chunk {chunk} must be whole BLOCK_K {block_k} blocks"
     if x.is_cuda or interpreting():
         return _chunked_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps,
@@ -84,9 +81,7 @@ def _chunked_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, grou
         BLOCK_K=block_k, GROUP_M=group_m, IEEE=x.dtype == torch.float32,
         UPCAST=interpreting() and x.dtype != torch.float32, num_warps=num_warps, num_stages=num_stages)
     if parallel:  # the chunk sums added in chunk order: split-K's combine, one split per chunk
-        block = 1024
-        _splitk_reduce_kernel[(triton.cdiv(M * N, block),)](ws, b, out, M, N, out.stride(0), out.stride(1),
-                                                            HAS_BIAS=bias is not None, SPLIT_K=chunks, BLOCK=block)
+        combine_splits(ws, bias, out)
     return out
 
 

@@ -84,7 +84,7 @@ def _splitk_reduce_kernel(ws_ptr, b_ptr, out_ptr, M, N, stride_om, stride_on,
     tl.store(out_ptr + m * stride_om + n * stride_on, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _check(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
+def check_operands(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
     assert x.dim() == 2 and w.dim() == 2, \
         f"linear expects x [M, K] and w [N, K], got {tuple(x.shape)}, {tuple(w.shape)}"
     assert x.shape[1] == w.shape[1], f"K mismatch: x {tuple(x.shape)} vs w {tuple(w.shape)}"
@@ -98,7 +98,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
            block_n: int, block_k: int, group_m: int = 8, num_warps: int = 4, num_stages: int = 3,
            split_k: int = 1) -> torch.Tensor:
     """`x @ w.T + bias` for x [M, K], w [N, K] with the given (selected) tile."""
-    _check(x, w, bias)
+    check_operands(x, w, bias)
     assert split_k >= 1 and block_m > 0 and block_n > 0 and block_k > 0
     if x.is_cuda or interpreting():
         return _linear_triton(x, w, bias, block_m, block_n, block_k, group_m, num_warps, num_stages, split_k)
@@ -122,10 +122,17 @@ def _linear_triton(x, w, bias, block_m, block_n, block_k, group_m, num_warps, nu
                          IEEE=x.dtype == torch.float32, UPCAST=interpreting() and x.dtype != torch.float32,
                          num_warps=num_warps, num_stages=num_stages)
     if split_k > 1:
-        block = 1024
-        _splitk_reduce_kernel[(triton.cdiv(M * N, block),)](ws, b, out, M, N, out.stride(0), out.stride(1),
-                                                            HAS_BIAS=bias is not None, SPLIT_K=split_k, BLOCK=block)
+        combine_splits(ws, bias, out)
     return out
+
+
+def combine_splits(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """`out = ws[0] + ws[1] + ... (+ bias)`, the fp32 partials [splits, M, N] added in split order."""
+    splits, M, N = ws.shape
+    block = 1024
+    _splitk_reduce_kernel[(triton.cdiv(M * N, block),)](ws, bias if bias is not None else out, out, M, N,
+                                                        out.stride(0), out.stride(1), HAS_BIAS=bias is not None,
+                                                        SPLIT_K=splits, BLOCK=block)
 
 
 def _linear_cpu(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, block_m: int, block_k: int,

@@ -4,15 +4,13 @@ negative control; the Triton code under the CPU interpreter (logic only: GPU bit
 tests/test_kernels_chunked_matmul_gpu.py's)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from detent_rl.kernels.chunked_matmul import chunked_linear
 from detent_rl.kernels.matmul import linear_ref
+from interpreted import run_interpreted
 
 
 def _data(n: int, k: int, dtype: torch.dtype, rows: int = 130):
@@ -66,8 +64,6 @@ for dtype in (torch.float32, torch.bfloat16):
             bad.append(("rows", dtype, m, parallel, bm, bk))
 print("BAD", bad)
 '''
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    out = run_interpreted(code)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "BAD []" in out.stdout, out.stdout

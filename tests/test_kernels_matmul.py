@@ -2,9 +2,6 @@
 selection (split-K for small M) visibly is not."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,6 +11,7 @@ from detent_rl.kernels.programs.matmul import matmul_program
 from detent_rl.kernels.selections import Deployment
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import solve
+from interpreted import run_interpreted
 
 # Qwen2-0.5B-class projections: qkv (896 -> 1152, with bias) and down (4864 -> 896)
 SHAPES = [(1152, 896, True), (896, 4864, False)]
@@ -109,8 +107,6 @@ for dtype in (torch.float32, torch.bfloat16):
             bad.append(("row", dtype, sk))
 print("BAD", bad)
 '''
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    pytest.importorskip("triton")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    out = run_interpreted(code)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "BAD []" in out.stdout, out.stdout

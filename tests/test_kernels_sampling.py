@@ -8,10 +8,7 @@ The Triton kernels also run once under TRITON_INTERPRET=1 on tiny shapes (logic 
 from __future__ import annotations
 
 import math
-import os
 import struct
-import subprocess
-import sys
 import textwrap
 from collections.abc import Callable
 
@@ -22,6 +19,7 @@ from detent_rl.kernels.log_softmax import log_softmax, token_logprobs
 from detent_rl.kernels.sampling import message_hash, sample, sample_ref
 from detent_rl.kernels.programs.rows import log_softmax_program
 from test_kernels_rows import invariance_failures, selectors
+from interpreted import run_interpreted
 
 TEMPS = (0.0, 0.7, 1.0, 1.3)
 
@@ -322,10 +320,6 @@ _INTERPRETED = textwrap.dedent("""
 """)
 
 
-def test_triton_kernels_under_interpreter(tmp_path):
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path, check=False)
+def test_triton_kernels_under_interpreter():
+    proc = run_interpreted(_INTERPRETED, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
