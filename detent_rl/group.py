@@ -64,11 +64,3 @@ class WorkerGroup(Generic[W]):
         if len(self._workers) != 1:
             raise ValueError(f"{self.name} group has {len(self._workers)} workers; call_one needs exactly one")
         return self.call(method, *args, **kwargs)[0]
-
-    def shutdown(self) -> None:
-        """Ends the group's Ray actors (inline workers just go out of scope)."""
-        if self.is_ray:
-            import ray as ray_
-            for w in self._workers:
-                ray_.kill(w)
-        self._workers = []
