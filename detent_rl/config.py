@@ -93,7 +93,7 @@ class RolloutSection:
     max_num_seqs: int = 64  # sequences the engine batches at once
     chunk_size: int = 256  # chunked-prefill tokens per step
     num_blocks: Optional[int] = None  # KV-cache blocks; None: sized from free memory
-    cuda_graphs: Literal["auto", "on", "off"] = "auto"  # decode graphs; auto: on for pinned arms on GPU
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"  # decode graphs; auto: on on the GPU (every arm)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """`python -m detent_rl.tune`: a commitment tuple tuned to a workload, for the matmul call sites.
 
 The detent arm runs every call site through pins. Which legal pin value is fastest depends on the
-workload: a tile of 128 rows suits prefill and wastes 7/8 of a 16-row decode step. The tuner times,
-on the device it runs on, every legal matmul bucket of every linear call site of the model at the
-workload's row counts (each with a weight: how many such calls a step makes), and commits the
-bucket of least weighted time. The result is a new tuple: the model's resolved tuple
+workload: a linear's pin is its K partition, and short chunks feed a decode step's parallel CTAs
+while long ones keep a prefill's big tiles pipelined. The tuner times, on the device it runs on,
+every legal K partition of every linear call site of the model at the workload's row counts (each
+with a weight: how many such calls a step makes; the schedule follows M), and commits the
+partition of least weighted time. The result is a new tuple: the model's resolved tuple
 (`KernelSelections.resolved()`: every site it has, at the loaded tuple's values or the solver's
 defaults, and the deployment) with the matmul sites replaced; the model's own selections are not
 touched. Written as JSON for `model.commitment` (engine and trainer load the same file, so both
@@ -28,7 +29,7 @@ from typing import Optional
 import torch
 
 from detent_rl.kernels.commitment import CommitmentTuple, SiteCommitment
-from detent_rl.kernels.matmul import linear, tile_params
+from detent_rl.kernels.matmul import launch_params, linear
 from detent_rl.kernels.selections import site_key
 from detent_rl.models.layers import Linear
 from detent_rl.models.model import CausalLM
@@ -76,17 +77,18 @@ def tune_matmul(model: CausalLM, rows: dict[int, float], repeats: int = 3, log=p
     for key, w in sorted(sites.items()):
         n, k = w.shape
         sol = sel.solution("matmul", n=n, k=k)
-        buckets = sorted({sol.split(a)[0]["bucket"] for a in sol.legal if sol.split(a)[1]["pad_m"] == 1})
+        by_m = {"schedule_by_m": True}  # the schedule follows M; the pin is the K partition
+        chunks = sorted({sol.split(a)[0].get("chunk") for a in sol.legal if sol.split(a)[1] == by_m})
         xs = {m: torch.randn(m, k, generator=gen, device=model.device).to(w.dtype) for m in site_rows[key]}
         costs = {}
-        for bucket in buckets:
-            selector = sol.commit({"bucket": bucket}, {"pad_m": 1})
-            costs[bucket] = sum(weight * _time(lambda m=m: linear(xs[m], w, None, **tile_params(selector(m))),
-                                               model.device, repeats) for m, weight in site_rows[key].items())
+        for chunk in chunks:
+            selector = sol.commit({"chunk": chunk} if chunk is not None else {}, by_m)
+            costs[chunk] = sum(weight * _time(lambda m=m: linear(xs[m], w, None, **launch_params(selector(m))),
+                                              model.device, repeats) for m, weight in site_rows[key].items())
         best = min(costs, key=costs.get)
-        tuned[key] = SiteCommitment({"bucket": best}, {"pad_m": 1})
-        log(f"{key}: bucket {best} (one call site's ms per step, by bucket: "
-            + ", ".join(f"{b}: {c * 1e3:.2f}" for b, c in costs.items()) + ")")
+        tuned[key] = SiteCommitment({"chunk": best} if best is not None else {}, by_m)
+        log(f"{key}: chunk {best} (one call site's ms per step, by K chunk: "
+            + ", ".join(f"{c}: {t * 1e3:.2f}" for c, t in costs.items()) + ")")
     return sel.resolved().with_sites(tuned)
 
 

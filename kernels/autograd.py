@@ -73,10 +73,10 @@ class _RefGrad(torch.autograd.Function):
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], tile: dict) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], launch: dict) -> torch.Tensor:
         ctx.save_for_backward(x, w)
         ctx.has_bias = b is not None
-        return linear(x, w, b, **tile)
+        return linear(x, w, b, **launch)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
@@ -104,10 +104,11 @@ class _Embedding(torch.autograd.Function):
         return None, gw.to(g.dtype), None
 
 
-def linear_autograd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], tile: dict) -> torch.Tensor:
+def linear_autograd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], launch: dict) -> torch.Tensor:
+    """`linear(x, w, b, **launch)`, `launch` from `matmul.launch_params(selection)`."""
     if not _needs_grad(x, w, b):
-        return linear(x, w, b, **tile)
-    return _Linear.apply(x, w, b, tile)
+        return linear(x, w, b, **launch)
+    return _Linear.apply(x, w, b, launch)
 
 
 def embedding_autograd(ids: torch.Tensor, weight: torch.Tensor, *, block: int) -> torch.Tensor:

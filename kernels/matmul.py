@@ -1,10 +1,22 @@
-"""Linear / matmul: `out = x @ w.T (+ bias)` with the tile chosen by the caller's selector.
+"""Linear / matmul: `out = x @ w.T (+ bias)` whose bits are fixed by one value, the K partition `chunk`.
 
-Batch invariance: a row's result depends only on how its K reduction is cut and combined. Rows
-are computed in fixed-shape tiles (on the CPU too: torch's fp32 CPU matmul changes a row's bits
-with M), and K is cut into `split_k` contiguous ranges of whole BLOCK_K blocks whose fp32
-partials are added in split order. With the tile pinned, a row's bits never see the batch; the
-stock selection's split-K for small M is exactly what makes its bits follow the batch.
+Batch invariance through the reduction, not the tile. K is cut into chunks of `chunk` elements at
+fixed positions; each chunk's products are summed into a fresh fp32 accumulator (tl.dot over its
+BLOCK_K pieces), the chunk sums are added in chunk order (the first, plus the second, plus ...), then
+the bias, then one rounding. Every schedule performs exactly these fp32 operations for a row, so a
+row's bits depend on `chunk` (and the data), never on M or on the schedule:
+
+- `parallel=True` (decode, small M: a memory-bound call needs many CTAs): one program per (tile,
+  chunk) writes its chunk sum to an fp32 workspace; `combine_splits` adds them in order.
+- `parallel=False` (prefill and the trainer, large M: compute-bound, big tiles): one program per
+  tile loops over the chunks, each into a fresh accumulator added to the running total in order.
+
+Tile shapes (BLOCK_M/N/K, warps, stages) are free per call: on the H200 a `tl.dot` row does not
+change with them (measured on every 0.5B/1.5B site by tests/test_kernels_matmul_gpu.py). So the
+selection program (`programs/matmul.py`) declares the tile and the parallel/sequential choice its
+schedule, which may follow M, and the cut pins `chunk` alone. A split-K GEMM is the parallel form
+with `chunk = K / splits`, one chunk (`chunk >= K`) a plain GEMM: what stock engines vary with M.
+On the CPU the same operations run on fixed-shape row tiles (torch's fp32 CPU matmul reads M).
 """
 from __future__ import annotations
 
@@ -49,24 +61,28 @@ def _dot_k_blocks(x_ptr, w_ptr, acc, offs_m, offs_n, k_start, num_blocks, M, N, 
 
 
 @triton.jit
-def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, stride_xk,
-                   stride_wn, stride_wk, stride_om, stride_on, k_blocks_per_split,
-                   HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                   IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    pid_k = tl.program_id(1)
+def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, num_chunks, stride_xm, stride_xk,
+                   stride_wn, stride_wk, stride_om, stride_on, HAS_BIAS: tl.constexpr, PARALLEL: tl.constexpr,
+                   CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GROUP_M: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     offs_m, offs_n = _tile_offsets(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    acc = _dot_k_blocks(x_ptr, w_ptr, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), offs_m, offs_n,
-                        pid_k * k_blocks_per_split * BLOCK_K, k_blocks_per_split, M, N, K, stride_xm, stride_xk,
-                        stride_wn, stride_wk, BLOCK_K, IEEE, UPCAST)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on,
-                 acc.to(out_ptr.dtype.element_ty), mask=mask)
+    zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # each chunk starts a fresh accumulator
+    if PARALLEL:
+        c = tl.program_id(1)
+        part = _dot_k_blocks(x_ptr, w_ptr, zero, offs_m, offs_n, c * CHUNK, CHUNK // BLOCK_K, M, N, K,
+                             stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, IEEE, UPCAST)
+        tl.store(ws_ptr + c * M * N + offs_m[:, None] * N + offs_n[None, :], part, mask=mask)
     else:
-        tl.store(ws_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
+        total = _dot_k_blocks(x_ptr, w_ptr, zero, offs_m, offs_n, 0, CHUNK // BLOCK_K, M, N, K, stride_xm,
+                              stride_xk, stride_wn, stride_wk, BLOCK_K, IEEE, UPCAST)
+        for c in range(1, num_chunks):  # chunk sums added in chunk order, each from a fresh accumulator
+            total += _dot_k_blocks(x_ptr, w_ptr, zero, offs_m, offs_n, c * CHUNK, CHUNK // BLOCK_K, M, N, K,
+                                   stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, IEEE, UPCAST)
+        if HAS_BIAS:
+            total += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on,
+                 total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -94,34 +110,44 @@ def check_operands(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) 
         assert bias.shape == (w.shape[0],) and bias.dtype == w.dtype and bias.device == w.device
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, block_m: int,
-           block_n: int, block_k: int, group_m: int = 8, num_warps: int = 4, num_stages: int = 3,
-           split_k: int = 1) -> torch.Tensor:
-    """`x @ w.T + bias` for x [M, K], w [N, K] with the given (selected) tile."""
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, chunk: int, parallel: bool,
+           block_m: int, block_n: int, block_k: int, group_m: int = 8, num_warps: int = 4,
+           num_stages: int = 3) -> torch.Tensor:
+    """`x @ w.T + bias` for x [M, K], w [N, K]: K cut into `chunk`-element chunks (what fixes the
+    bits; `chunk >= K` is one chunk), computed by the parallel or the sequential schedule with the
+    given tile (free per call: neither changes a row's bits)."""
     check_operands(x, w, bias)
-    assert split_k >= 1 and block_m > 0 and block_n > 0 and block_k > 0
+    assert chunk > 0 and block_m > 0 and block_n > 0 and block_k > 0
+    assert chunk % block_k == 0, f"chunk {chunk} must be whole BLOCK_K {block_k} blocks"
+    chunk = min(chunk, -(-x.shape[1] // block_k) * block_k)  # past K a chunk only adds exact zeros
+    if not parallel and block_k == chunk:
+        # a chunk of one tl.dot added to the running total (or to the bias) is folded by Triton into
+        # one dot that accumulates onto it (`dot(a, b, 0) + t -> dot(a, b, t)`): other bits (312 of
+        # 622,592 outputs differed on the H200). Two blocks per chunk keep the chunk's own sum.
+        block_k //= 2
     if x.is_cuda or interpreting():
-        return _linear_triton(x, w, bias, block_m, block_n, block_k, group_m, num_warps, num_stages, split_k)
-    return _linear_cpu(x, w, bias, block_m, block_k, split_k)
+        return _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps,
+                              num_stages)
+    return _linear_cpu(x, w, bias, chunk)
 
 
-def _linear_triton(x, w, bias, block_m, block_n, block_k, group_m, num_warps, num_stages, split_k):
+def _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps, num_stages):
     M, K = x.shape
     N = w.shape[0]
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0:
         return out
-    k_blocks = triton.cdiv(K, block_k)
-    per_split = triton.cdiv(k_blocks, split_k)
-    ws = torch.empty((split_k, M, N), dtype=torch.float32, device=x.device) if split_k > 1 else out
-    grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n), split_k)
+    chunks = triton.cdiv(K, chunk)
+    parallel = parallel and chunks > 1  # one chunk: nothing to combine
+    ws = torch.empty((chunks, M, N), dtype=torch.float32, device=x.device) if parallel else out
     b = bias if bias is not None else out
-    _matmul_kernel[grid](x, w, b, out, ws, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
-                         out.stride(0), out.stride(1), per_split, HAS_BIAS=bias is not None, SPLIT_K=split_k,
-                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
-                         IEEE=x.dtype == torch.float32, UPCAST=interpreting() and x.dtype != torch.float32,
-                         num_warps=num_warps, num_stages=num_stages)
-    if split_k > 1:
+    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
+    _matmul_kernel[(tiles, chunks if parallel else 1)](
+        x, w, b, out, ws, M, N, K, chunks, x.stride(0), x.stride(1), w.stride(0), w.stride(1), out.stride(0),
+        out.stride(1), HAS_BIAS=bias is not None, PARALLEL=parallel, CHUNK=chunk, BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, IEEE=x.dtype == torch.float32,
+        UPCAST=interpreting() and x.dtype != torch.float32, num_warps=num_warps, num_stages=num_stages)
+    if parallel:  # the chunk sums added in chunk order
         combine_splits(ws, bias, out)
     return out
 
@@ -135,38 +161,49 @@ def combine_splits(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tenso
                                                         SPLIT_K=splits, BLOCK=block)
 
 
-def _linear_cpu(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, block_m: int, block_k: int,
-                split_k: int) -> torch.Tensor:
-    """fp32 products and sums on fixed-shape row tiles, rounded once to x's dtype (as the Triton kernel's
-    fp32 accumulator is); 16-bit CPU matmuls are also an order of magnitude slower than fp32 ones."""
+CPU_BLOCK_M = 16  # the CPU path's fixed row tile: torch's CPU fp32 matmul reads M
+
+
+def _linear_cpu(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, chunk: int) -> torch.Tensor:
+    """The same fp32 operations on fixed-shape row tiles, rounded once to x's dtype (as the Triton
+    kernel's fp32 accumulator is): per tile, one batched matmul gives every chunk's sum, added in chunk
+    order. 16-bit CPU matmuls are also an order of magnitude slower than fp32 ones."""
     M, K = x.shape
-    pad = (-M) % block_m
-    xp = torch.cat([x, x.new_zeros(pad, K)]) if pad else x
-    per_split = -(-(-(-K // block_k)) // split_k) * block_k  # whole K blocks per split
-    wt = w.t().float()
+    N = w.shape[0]
+    chunk = min(chunk, K)
+    chunks = -(-K // chunk)
+    pad_m, pad_k = (-M) % CPU_BLOCK_M, chunks * chunk - K  # zero rows and zero K tail add exact zeros
+    xp = torch.nn.functional.pad(x.float(), (0, pad_k, 0, pad_m))
+    wc = torch.nn.functional.pad(w.float(), (0, pad_k)).view(N, chunks, chunk).permute(1, 2, 0)  # [c, chunk, N]
     b = bias.float() if bias is not None else None
     tiles = []
-    for i in range(0, xp.shape[0], block_m):  # fixed-shape tiles: a row never sees M
-        xt = xp[i:i + block_m].float()
-        if split_k == 1:
-            acc = xt @ wt if b is None else torch.addmm(b, xt, wt)
-        else:
-            acc = None
-            for s in range(split_k):  # fp32 partials, added in split order
-                part = xt[:, s * per_split:(s + 1) * per_split] @ wt[s * per_split:(s + 1) * per_split]
-                acc = part if acc is None else acc + part
-            if b is not None:
-                acc = acc + b
-        tiles.append(acc.to(x.dtype))
+    for i in range(0, xp.shape[0], CPU_BLOCK_M):
+        parts = torch.bmm(xp[i:i + CPU_BLOCK_M].view(CPU_BLOCK_M, chunks, chunk).transpose(0, 1), wc)
+        total = parts[0]
+        for c in range(1, chunks):
+            total = total + parts[c]
+        if b is not None:
+            total = total + b
+        tiles.append(total.to(x.dtype))
     return torch.cat(tiles)[:M]
 
 
-def tile_params(selection: Any) -> dict:
-    """The `linear` keyword arguments of a matmul selection (`selection/matmul.py`'s tile)."""
-    return {"block_m": selection.tile_block_m, "block_n": selection.tile_block_n,
-            "block_k": selection.tile_block_k, "group_m": selection.tile_group_m,
-            "num_warps": selection.tile_num_warps, "num_stages": selection.tile_num_stages,
-            "split_k": selection.tile_split_k}
+def launch_params(selection: Any) -> dict:
+    """The `linear` keyword arguments of a matmul selection (`programs/matmul.py`: the pinned K
+    partition `chunk` and the schedule `tile`)."""
+    return {"chunk": selection.chunk, "parallel": selection.tile_parallel, "block_m": selection.tile_block_m,
+            "block_n": selection.tile_block_n, "block_k": selection.tile_block_k,
+            "group_m": selection.tile_group_m, "num_warps": selection.tile_num_warps,
+            "num_stages": selection.tile_num_stages}
+
+
+def stock_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The stock arm's linear, what a stock engine runs: cuBLAS on the GPU (its algorithm, and with it
+    a row's bits, picked by shape — M included); on the CPU torch's fp32 GEMM on upcast operands,
+    rounded once (16-bit CPU GEMMs are ~10x slower, and the fp32 one's blocking follows M too)."""
+    if x.is_cuda or x.dtype == torch.float32:
+        return torch.nn.functional.linear(x, w, bias)
+    return torch.nn.functional.linear(x.float(), w.float(), None if bias is None else bias.float()).to(x.dtype)
 
 
 def linear_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -362,6 +362,35 @@ def sample(logits: torch.Tensor, seeds: torch.Tensor | None, positions: torch.Te
     return _sample(logits, seeds, positions, temperature, top_k, top_p, block, num_warps, use_triton(logits))
 
 
+def unfiltered(temperature: float, top_k: int, top_p: float) -> bool:
+    """Whether a row with these parameters samples without top-k/top-p filtering (greedy rows never
+    filter): `sample_unfiltered` serves it."""
+    return temperature == 0 or (top_k == 0 and top_p == 1.0)
+
+
+def sample_unfiltered(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, temps: torch.Tensor, *,
+                      temperature: float, block: int, num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample` for a batch whose rows all take their logprob at one `temperature` (each row samples at
+    `temperature`, or is greedy when `temperature` is 1.0: greedy logprobs are at T = 1) without top-k
+    or top-p, with the same bits, and no host synchronisation: it can be captured in a CUDA graph (the
+    engine's decode step replays it), since no data-dependent row set or value check runs. The caller
+    vouches for the rows (`unfiltered`; temps each 0 or `temperature`, 0 only if it is 1.0); shapes
+    are checked here."""
+    batch = logits.shape[0]
+    for name, t, dtype in (("seeds", seeds, torch.int64), ("positions", positions, torch.int64),
+                           ("temps", temps, torch.float32)):
+        if t.shape != (batch,) or t.dtype != dtype or t.device != logits.device:
+            raise ValueError(f"{name} must be [{batch}] {dtype} on {logits.device}, got {tuple(t.shape)} {t.dtype}")
+    if not (temperature > 0 and temperature != float("inf")):
+        raise ValueError(f"temperature must be finite and > 0 (greedy rows use 1.0 for their logprob), got {temperature}")
+    check_block(block)
+    if use_triton(logits):
+        tokens = _sample_triton(logits, seeds, positions, temps, None, block, num_warps)
+    else:
+        tokens = _sample_torch(logits, seeds, positions, temps, None, block)
+    return tokens, token_logprobs(logits, tokens, block=block, num_warps=num_warps, temperature=temperature)
+
+
 def sample_ref(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, *, temperature: torch.Tensor,
                top_k: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain PyTorch, whole rows at once: torch's softmax, cumsum and log_softmax (close, not bitwise)."""

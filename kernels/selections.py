@@ -1,10 +1,11 @@
 """The compiled selectors of one deployment in one arm, and the values that pin them.
 
-Three arms. `stock`: the selection programs unpinned, reading the batch as engines ship them.
-`detent`: pinned by the solver to the commitment tuple (`kernels/commitment.py`; the solver's
-default tuple where none is given). `det`: one conservative configuration per op, the way the
+Three arms. `stock`: the selection programs unpinned, reading the batch as engines ship them (its
+linears do not use the matmul selection at all: they are cuBLAS, `models/layers.py`).
+`detent`: pinned by the solver to the commitment tuple (`kernels/commitment.py`; the default
+tuple, `detent_default`, where none is given). `det`: one conservative configuration per op, the way the
 engines' deterministic modes work — no split anywhere (attention reduces a row's keys in one split,
-matmul never splits K), one matmul tile for every M, one row block — chosen here without looking
+matmul never splits K), one matmul schedule for every M, one row block — chosen here without looking
 at the workload.
 
 Every kernel call site asks `KernelSelections.get(family, **site)` for its selector once, when the
@@ -15,7 +16,7 @@ commitment-tuple file, so both run the same kernels with the same parameters.
 The commitment tuple is an input and is never written. Loading one checks it: it must record this
 deployment (`CommitmentTuple.check_deployment`), only the detent arm takes one, and once the model
 is built every entry must belong to a site the model asked for (`check_commitment_used`). What each
-site runs — the tuple's entry or the solver's default — is kept here and handed out as a new tuple
+site runs — the tuple's entry or the default (`detent_default`) — is kept here and handed out as a new tuple
 by `resolved()`: that is the tuple a run records, and loading it reproduces the run's kernels.
 """
 from __future__ import annotations
@@ -58,7 +59,7 @@ class Deployment:
 
     def facts(self, family: str, site: dict) -> dict:
         if family == "matmul":
-            return {"n": site["n"], "k": site["k"], "max_m": self.max_num_tokens,
+            return {"n": site["n"], "k": site["k"], "max_m": self.max_num_tokens, "num_sms": self.num_sms,
                     "smem_bytes": self.smem_bytes, "dtype_bytes": self.dtype_bytes}
         if family == "attention":
             return {"num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
@@ -81,11 +82,9 @@ def site_key(family: str, site: dict) -> str:
 
 def det_assignment(family: str, facts: dict, sol: Solution) -> tuple[dict, dict]:
     """The det arm's (pins, knobs) of one family: its conservative configuration, no split."""
-    if family == "matmul":  # the largest tile that fits, for every M; split-K never
-        for bucket in sorted(matmul.GEMM_TILES, reverse=True):
-            if matmul.GEMM_TILES[bucket].split_k == 1 and sol.witness({"bucket": bucket}, {"pad_m": 1}) is None:
-                return {"bucket": bucket}, {"pad_m": 1}
-        raise SelIRError(f"matmul {facts}: no tile without split-K fits")
+    if family == "matmul":  # K in one piece (no split-K) and the largest bucket's schedule for every M
+        pins = {"chunk": max(sol.candidates["chunk"])} if "chunk" in sol.pin_nodes else {}
+        return pins, {"schedule_by_m": False}
     if family == "attention":  # causal tiles for prefill and decode alike; one split covers the context
         block_n = attention.triton_tile.fn(True)[1]
         span = -(-facts["max_context"] // block_n) * block_n
@@ -96,6 +95,18 @@ def det_assignment(family: str, facts: dict, sol: Solution) -> tuple[dict, dict]
     if family == "log_softmax":  # likewise
         return {"block": 1024}, {}
     return {}, {}  # a selection with no pin reads no batch value
+
+
+def detent_default(family: str, sol: Solution) -> tuple[dict, dict]:
+    """The detent arm's (pins, knobs) where the tuple names none: the solver's default tuple, except
+    matmul's. There the solver's choice (the pin's most frequent value over M) is the large-M
+    partition, K in one piece, which starves a decode step of CTAs; the default takes the partition
+    the stock selection gives a one-row decode instead — its parallel schedule fills the SMs, and
+    large M runs the same chunks in sequence. The tuner trades the two ends per workload."""
+    pins, knobs = sol.split(sol.default)
+    if family == "matmul" and "chunk" in pins:
+        pins = {"chunk": sol.stock()(1).chunk}
+    return pins, knobs
 
 
 class KernelSelections:
@@ -116,7 +127,7 @@ class KernelSelections:
             commitment.check_deployment(asdict(deployment))
         self.deployment = deployment
         self.arm = arm
-        self.commitment = commitment  # the input, read only; None: the solver's default tuple
+        self.commitment = commitment  # the input, read only; None: the default tuple
         self.cache = cache
         self._selectors: dict[str, Selector] = {}
         self._solutions: dict[str, Solution] = {}
@@ -177,8 +188,8 @@ class KernelSelections:
                     raise SelIRError(f"det attention for {facts} splits the KV: {one}")
         else:
             entry = self.commitment.sites.get(key) if self.commitment is not None else None
-            if entry is None:  # no committed value: the solver's default tuple
-                sel = sol.commit(*sol.split(sol.default))
+            if entry is None:  # no committed value: the default tuple
+                sel = sol.commit(*detent_default(family, sol))
             else:
                 sel = sol.commit(dict(entry.pins), dict(entry.knobs))
         self._resolved[key] = SiteCommitment(sel.pins, sel.knobs)  # commit fills pins an entry left out

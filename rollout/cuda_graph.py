@@ -2,21 +2,31 @@
 
 A decode step launches a few hundred small kernels; eager launches cost ~10 us each, a graph
 replay ~1 us. One graph is captured per padded batch size (on first use), over static input
-buffers that every replay refills: token ids, positions, cache slots, page tables.
+buffers that every replay refills: token ids, positions, cache slots, page tables, and the
+sampler's seeds and temperatures. Where every row of the step is unfiltered (no top-k/top-p) and
+takes its logprob at one temperature — RL's usual decode — the graph also samples (the seeded
+sampler is a pure function of seed, position and logits) and the step's host work is one staged
+copy in and one copy of the tokens and logprobs out; otherwise the graph returns logits and the
+engine samples eagerly. A graph is captured per (padded size, that temperature).
 
-Why padding cannot change a request's bits: a graph replays the kernels with the parameters the
-selectors returned at capture, for the padded size. That is sound only when selection does not
-read the batch — the pinned arms (detent, det). Capture refuses a selection that still does
-(the stock arm); the engine then runs decode eagerly. With the selection pinned, every kernel
-reduces a row the same way whatever the rows beside it, so the padded rows — which read and
-write one scratch page and are discarded — change nothing, and a graph's logits equal the eager
-step's bit for bit (tests/test_engine.py checks it on the GPU).
+Why padding cannot change a request's bits in the pinned arms: a graph replays the kernels with
+the parameters the selectors returned at capture, for the padded size. With the selection pinned
+(detent, det), every kernel reduces a row the same way whatever the rows beside it (a matmul's
+schedule may follow the padded size; its K partition does not), so the padded rows — which read
+and write one scratch page and are discarded — change nothing, and a graph's logits equal the
+eager step's bit for bit (tests/test_engine.py checks it on the GPU).
+
+The stock arm is captured too, as vLLM and SGLang capture theirs: its selection (attention's split
+count, cuBLAS's algorithm) is evaluated at capture, for the padded batch size and the deployment's
+longest context, and replayed for every batch that pads to that size. It is fast and not
+invariant: a request's bits follow the size its batch pads to.
 """
 from __future__ import annotations
 
 import torch
 
 from detent_rl.kernels.attention import AttnMeta
+from detent_rl.kernels.sampling import sample_unfiltered
 from detent_rl.models.context import ForwardContext, KVCache, set_context
 from detent_rl.models.model import CausalLM
 
@@ -35,26 +45,34 @@ class DecodeGraphs:
             raise ValueError(f"CUDA graphs need a CUDA model, got device {model.device}")
         if not 0 <= scratch_page < caches[0][0].shape[0]:
             raise ValueError(f"scratch page {scratch_page} is outside the cache's {caches[0][0].shape[0]} pages")
-        if model.selections.arm == "stock":
-            raise ValueError("decode graphs need a pinned arm (detent or det): the stock arm's selections read "
-                             "the batch, and a replay would reuse the captured batch's kernels")
         d = model.selections.deployment
         self.model, self.caches, self.scratch = model, caches, scratch_page
         self.max_context = d.max_context
         self.max_pages = -(-d.max_context // model.page_size)
         self.sizes = capture_sizes(max_batch)
         self.max_batch = self.sizes[-1]
-        for b in self.sizes:  # refuse before anything is captured, naming what reads the batch
-            self._check_pinned(b)
+        if model.selections.arm != "stock":
+            for b in self.sizes:  # refuse before anything is captured, naming what reads the batch
+                self._check_pinned(b)
         dev, B = model.device, self.max_batch
-        self.input_ids = torch.zeros(B, dtype=torch.int64, device=dev)
+        # inputs: token ids, positions, slots and seeds as rows of one int64 block, staged through pinned
+        # host memory in one copy a step (positions are int32 for the kernels: converted in the graph)
+        self.inputs = torch.zeros(4, B, dtype=torch.int64, device=dev)
+        self.input_ids, self.positions64, self.slots, self.seeds = self.inputs.unbind(0)
         self.positions = torch.zeros(B, dtype=torch.int32, device=dev)
-        self.slots = torch.zeros(B, dtype=torch.int64, device=dev)
+        self.temps = torch.ones(B, dtype=torch.float32, device=dev)
         self.block_table = torch.full((B, self.max_pages), scratch_page, dtype=torch.int32, device=dev)
+        self.staged = torch.zeros(4, B, dtype=torch.int64).pin_memory()
+        self.staged_temps = torch.ones(B, dtype=torch.float32).pin_memory()
+        self.staged_table = torch.full((B, self.max_pages), scratch_page, dtype=torch.int32).pin_memory()
+        self.out_tokens = torch.zeros(B, dtype=torch.int64).pin_memory()
+        self.out_logprobs = torch.zeros(B, dtype=torch.float32).pin_memory()
         self.cu_q = torch.arange(B + 1, dtype=torch.int32, device=dev)
         self.rows = torch.arange(B, dtype=torch.int32, device=dev)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+        self.graphs: dict[tuple[int, float | None], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, float | None], object] = {}
+        self.select_logprobs = model.selections.get("log_softmax")
+        self._copied = torch.cuda.Event()
         self.pool = torch.cuda.graph_pool_handle()
 
     def _check_pinned(self, b: int) -> None:
@@ -77,50 +95,90 @@ class DecodeGraphs:
         return ForwardContext(meta=meta, slots=self.slots[:b], kv_caches=self.caches, num_seqs=b, max_seqlen_q=1,
                               max_seqlen_k=self.max_context)
 
-    def _forward(self, b: int) -> torch.Tensor:
+    def _forward(self, b: int, temperature: float | None) -> object:
+        self.positions[:b].copy_(self.positions64[:b])
         with set_context(self._context(b)):
             hidden = self.model(self.input_ids[:b], self.positions[:b])
-        return self.model.logits(hidden)
+        logits = self.model.logits(hidden)
+        if temperature is None:
+            return logits
+        cfg = self.select_logprobs(b)  # the sampled token is at the next position
+        return sample_unfiltered(logits, self.seeds[:b], self.positions64[:b] + 1, self.temps[:b],
+                                 temperature=temperature, block=cfg.block, num_warps=cfg.num_warps)
 
-    def _capture(self, b: int) -> None:
-        self._pad(0, b)
+    def _capture(self, key: tuple[int, float | None]) -> None:
+        """Capture on scratch inputs: every row token 0 at position 0 in the scratch page."""
+        b, temperature = key
+        self.inputs[:, :b] = 0
+        self.slots[:b] = self.scratch * self.model.page_size
+        self.block_table[:b] = self.scratch
+        self.temps[:b] = 1.0
         for _ in range(2):  # compile every Triton variant of this size outside the capture
-            self._forward(b)
+            self._forward(b, temperature)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            self.logits[b] = self._forward(b)
-        self.graphs[b] = graph
+            self.outputs[key] = self._forward(b, temperature)
+        self.graphs[key] = graph
 
-    def _pad(self, n: int, b: int) -> None:
-        """Rows n..b-1: token 0 at position 0 in the scratch page."""
-        if n < b:
-            self.input_ids[n:b] = 0
-            self.positions[n:b] = 0
-            self.slots[n:b] = self.scratch * self.model.page_size
-            self.block_table[n:b] = self.scratch
-
-    @torch.inference_mode()
-    def run(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]]) -> torch.Tensor:
-        """Logits [n, vocab] of one decode step: token i at `positions[i]` written to `slots[i]`,
-        attending over the pages `tables[i]`. The returned tensor is overwritten by the next replay."""
+    def _padded_size(self, tokens: list[int], positions: list[int], slots: list[int],
+                     tables: list[list[int]]) -> int:
         n = len(tokens)
         if not n == len(positions) == len(slots) == len(tables):
             raise ValueError("tokens, positions, slots and page tables must have one entry per sequence")
         longest = max(len(t) for t in tables)
         if longest > self.max_pages:
             raise ValueError(f"a page table of {longest} pages exceeds the deployment's {self.max_pages}")
-        b = self.size_for(n)
-        if b not in self.graphs:
-            self._capture(b)
-        dev = self.model.device
-        table = torch.full((n, longest), self.scratch, dtype=torch.int32)
-        for i, t in enumerate(tables):
-            table[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
-        self.input_ids[:n].copy_(torch.tensor(tokens, dtype=torch.int64), non_blocking=True)
-        self.positions[:n].copy_(torch.tensor(positions, dtype=torch.int32), non_blocking=True)
-        self.slots[:n].copy_(torch.tensor(slots, dtype=torch.int64), non_blocking=True)
-        self.block_table[:n, :longest].copy_(table.to(dev, non_blocking=True))
-        self._pad(n, b)
-        self.graphs[b].replay()
-        return self.logits[b][:n]
+        return self.size_for(n)
+
+    def _stage(self, b: int, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
+               seeds: list[int] | None, temps: list[float] | None) -> None:
+        """Fill the static inputs of n sequences through the pinned buffers, in one copy each; rows
+        n..b-1 (the padding) take token 0 at position 0 in the scratch page."""
+        self._copied.synchronize()  # the previous step's copies have left the pinned buffers
+        n, pad = len(tokens), b - len(tokens)
+        longest = max(len(t) for t in tables)
+        rows = [tokens + [0] * pad, positions + [0] * pad, slots + [self.scratch * self.model.page_size] * pad,
+                (seeds if seeds is not None else [0] * n) + [0] * pad]
+        self.staged[:, :b].copy_(torch.tensor(rows, dtype=torch.int64))
+        flat = [p for t in tables for p in (*t, *[self.scratch] * (longest - len(t)))]
+        self.staged_table[:n, :longest].copy_(torch.tensor(flat, dtype=torch.int32).view(n, longest))
+        self.staged_table[n:b] = self.scratch  # (entries past a row's own pages are never read)
+        self.inputs.copy_(self.staged, non_blocking=True)
+        self.block_table[:b].copy_(self.staged_table[:b], non_blocking=True)
+        if temps is not None:
+            self.staged_temps[:n].copy_(torch.tensor(temps, dtype=torch.float32))
+            self.staged_temps[n:b] = 1.0
+            self.temps[:b].copy_(self.staged_temps[:b], non_blocking=True)
+        self._copied.record()
+
+    def _replay(self, key: tuple[int, float | None]) -> object:
+        self.graphs[key].replay()
+        return self.outputs[key]
+
+    @torch.inference_mode()
+    def run(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]]) -> torch.Tensor:
+        """Logits [n, vocab] of one decode step: token i at `positions[i]` written to `slots[i]`,
+        attending over the pages `tables[i]`. The returned tensor is overwritten by the next replay."""
+        b = self._padded_size(tokens, positions, slots, tables)
+        if (b, None) not in self.graphs:
+            self._capture((b, None))
+        self._stage(b, tokens, positions, slots, tables, None, None)
+        return self._replay((b, None))[:len(tokens)]
+
+    @torch.inference_mode()
+    def sample(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
+               seeds: list[int], temps: list[float], temperature: float) -> tuple[list[int], list[float]]:
+        """One decode step that also samples, inside the graph: each row's next token (sampled at
+        position `positions[i] + 1` with `seeds[i]` and `temps[i]`) and its logprob at `temperature`.
+        The rows must suit `sample_unfiltered` (the engine checks); one host sync, to read them."""
+        n = len(tokens)
+        b = self._padded_size(tokens, positions, slots, tables)
+        if (b, temperature) not in self.graphs:
+            self._capture((b, temperature))
+        self._stage(b, tokens, positions, slots, tables, seeds, temps)
+        out_tokens, out_logprobs = self._replay((b, temperature))
+        self.out_tokens[:n].copy_(out_tokens[:n], non_blocking=True)
+        self.out_logprobs[:n].copy_(out_logprobs[:n], non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+        return self.out_tokens[:n].tolist(), self.out_logprobs[:n].tolist()

@@ -8,11 +8,12 @@ the two are equal bit for bit; with the stock arm they are not.
 """
 from __future__ import annotations
 
+import math
 from typing import Iterable, Mapping
 
 import torch
 
-from detent_rl.kernels.sampling import sample
+from detent_rl.kernels.sampling import sample, unfiltered
 from detent_rl.models.context import set_context
 from detent_rl.models.loader import update_weights
 from detent_rl.models.model import CausalLM
@@ -25,8 +26,9 @@ from detent_rl.rollout.sequence import SamplingParams, Sequence
 
 
 class Engine:
-    """`cuda_graphs`: replay decode steps from CUDA graphs (default: on for a CUDA model in a pinned
-    arm; the stock arm's selection reads the batch, so it cannot be captured and runs eagerly)."""
+    """`cuda_graphs`: replay decode steps from CUDA graphs captured per padded batch size (default:
+    on for a CUDA model, in every arm; the stock arm's graphs fix its selection at capture, as stock
+    engines do, and stay batch-dependent: `rollout/cuda_graph.py`)."""
 
     def __init__(self, model: CausalLM, *, num_blocks: int, max_num_seqs: int | None = None,
                  max_num_tokens: int | None = None, chunk_size: int = 256, cuda_graphs: bool | None = None) -> None:
@@ -39,7 +41,7 @@ class Engine:
         if max_num_seqs > max_batch:
             raise ValueError(f"max_num_seqs {max_num_seqs} exceeds the deployment's max_batch {max_batch}")
         if cuda_graphs is None:
-            cuda_graphs = model.device.type == "cuda" and model.selections.arm != "stock"
+            cuda_graphs = model.device.type == "cuda"
         self.model = model
         self.blocks = BlockManager(num_blocks, model.page_size)
         self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_tokens, chunk_size)
@@ -66,15 +68,22 @@ class Engine:
             self.scheduler.postprocess(spans, self._step(spans))
         return seqs
 
+    def _graphed(self, spans: list[Span]) -> bool:
+        """Whether the step is a decode step the captured graphs serve: one new token per sequence, each
+        sampled, at most the largest captured batch."""
+        return self.graphs is not None and len(spans) <= self.graphs.max_batch and all(
+            s.count == 1 and s.samples for s in spans)
+
+    def _decode_inputs(self, spans: list[Span]) -> tuple[list[int], list[int], list[int], list[list[int]]]:
+        seqs = [s.seq for s in spans]
+        pos = [s.start for s in spans]
+        return ([q.tokens[p] for q, p in zip(seqs, pos)], pos, [self.blocks.slot(q, p) for q, p in zip(seqs, pos)],
+                [q.block_table for q in seqs])
+
     def _logits(self, spans: list[Span]) -> torch.Tensor | None:
         """The step's forward; logits of each sampling span's last token (None if none samples)."""
-        if self.graphs is not None and len(spans) <= self.graphs.max_batch and all(
-                s.count == 1 and s.samples for s in spans):
-            seqs = [s.seq for s in spans]
-            pos = [s.start for s in spans]
-            return self.graphs.run([q.tokens[p] for q, p in zip(seqs, pos)], pos,
-                                   [self.blocks.slot(q, p) for q, p in zip(seqs, pos)],
-                                   [q.block_table for q in seqs])
+        if self._graphed(spans):
+            return self.graphs.run(*self._decode_inputs(spans))
         step = [StepSpan(s.seq.tokens[s.start:s.start + s.count], s.start, s.seq.block_table) for s in spans]
         input_ids, positions, ctx = step_inputs(self.model, self.caches, step)
         with set_context(ctx):
@@ -86,8 +95,25 @@ class Engine:
                 ends.append(at - 1)
         return self.model.logits(hidden[ends]) if ends else None
 
+    @staticmethod
+    def _graph_temperature(params: list[SamplingParams]) -> float | None:
+        """The one temperature every row takes its logprob at (greedy rows: 1.0), if the rows need no
+        top-k/top-p: then the decode graph samples too. None otherwise."""
+        temps = {p.temperature if p.temperature > 0 else 1.0 for p in params}
+        if len(temps) != 1 or not all(unfiltered(p.temperature, p.top_k, p.top_p) for p in params):
+            return None
+        t = temps.pop()
+        return t if math.isfinite(t) else None
+
     @torch.inference_mode()
     def _step(self, spans: list[Span]) -> dict[int, tuple[int, float]]:
+        if self._graphed(spans):
+            params = [s.seq.params for s in spans]
+            temperature = self._graph_temperature(params)
+            if temperature is not None:  # sampled inside the graph: one copy in, one copy out
+                tokens, logprobs = self.graphs.sample(*self._decode_inputs(spans), [p.seed for p in params],
+                                                      [p.temperature for p in params], temperature)
+                return {s.seq.seq_id: (t, lp) for s, t, lp in zip(spans, tokens, logprobs)}
         logits = self._logits(spans)
         if logits is None:
             return {}

@@ -71,6 +71,11 @@ def judge(g: Any, pins: dict[str, Node], knobs: dict[str, tuple], domains: dict,
     observed = {name: Counter(row[i] for row in observed_vals) for i, name in enumerate(pins)}
     for name, node in pins.items():
         vs = value_set(node, vs_cache, domains)
+        if vs is not None and node.range is not None:
+            # the value-set analysis drops correlations between operands; the node's interval (what
+            # the specializer simplified conditions with) excludes values it can never take
+            lo, hi = node.range
+            vs = frozenset(v for v in vs if not isinstance(v, (int, float)) or lo <= v <= hi)
         cands[name], source[name] = (sort_values(vs), "analysis") if vs is not None else \
             (sort_values(observed[name]), "observed")
     for k, (choices, _) in knobs.items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from detent_rl.selir.errors import SelIRError
 from detent_rl.selir.graph import Node
 
 BATCH_KINDS = ("Runtime", "Unpinnable")
@@ -22,14 +23,17 @@ class DepGraph:
     points: dict[str, Any]  # selection point name -> Node or constant
     conditions: list  # Cond, guarded
     batch_dependent: set[int]
+    schedule: frozenset = frozenset()  # selection points declared bit-neutral (never cut sinks)
 
     @property
     def sources(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.op == "input" and n.aux[1] in BATCH_KINDS]
 
     def point_nodes(self, batch_only: bool = False) -> dict[str, Node]:
+        """Selection points that are values; `batch_only`: those that read the batch and must be made
+        invariant (a declared schedule point may read it)."""
         return {k: v for k, v in self.points.items() if isinstance(v, Node)
-                and (not batch_only or v.id in self.batch_dependent)}
+                and (not batch_only or (v.id in self.batch_dependent and k not in self.schedule))}
 
     @property
     def edge_count(self) -> int:
@@ -66,4 +70,11 @@ def lower(spec: Any) -> DepGraph:
     for n in sorted(nodes.values(), key=lambda n: n.id):  # ids are a topological order
         if (n.op == "input" and n.aux[1] in BATCH_KINDS) or any(a.id in dep for a in n.operands):
             dep.add(n.id)
-    return DepGraph(nodes, users, control, dict(spec.outputs), list(spec.conditions), dep)
+    program = spec.program
+    schedule = frozenset(p for p in spec.outputs if program.is_schedule(p))
+    unmatched = [s for s in program.schedule if not any(p == s or p.startswith((s + ".", s + "["))
+                                                         for p in spec.outputs)]
+    if unmatched:
+        raise SelIRError(f"selection {program.name} declares schedule {unmatched} but returns no such value; "
+                         f"it returns {sorted(spec.outputs)}", file=program.file, line=program.line)
+    return DepGraph(nodes, users, control, dict(spec.outputs), list(spec.conditions), dep, schedule)

@@ -281,7 +281,7 @@ def parse_function(fn: Callable, file: str, first_line: int,
     return params, body
 
 
-def parse_program(fn: Callable, *, name: str | None = None) -> Program:
+def parse_program(fn: Callable, *, name: str | None = None, schedule: tuple[str, ...] = ()) -> Program:
     """The Program of a plain function: its source read, parsed and checked against the subset."""
     try:
         lines, first = inspect.getsourcelines(fn)
@@ -290,13 +290,22 @@ def parse_program(fn: Callable, *, name: str | None = None) -> Program:
         raise SelIRError(f"cannot read the source of {fn.__qualname__}: {e}") from e
     source = textwrap.dedent("".join(lines))
     params, body = parse_function(fn, file, first, source)
-    return Program(name or fn.__name__, f"{fn.__module__}.{fn.__qualname__}", file, first, params, body, fn)
+    if isinstance(schedule, str) or not all(isinstance(s, str) and s for s in schedule):
+        raise SelIRError(f"selection {fn.__qualname__}: schedule must be a tuple of returned names, got {schedule!r}",
+                         file=file, line=first)
+    return Program(name or fn.__name__, f"{fn.__module__}.{fn.__qualname__}", file, first, params, body, fn,
+                   tuple(schedule))
 
 
-def selection(fn=None, *, name: str | None = None):
-    """Decorate a selection program: parse it now, reject what the subset does not allow."""
+def selection(fn=None, *, name: str | None = None, schedule: tuple[str, ...] = ()):
+    """Decorate a selection program: parse it now, reject what the subset does not allow.
+
+    `schedule` names returned values (or records, by their key) that do not change any row's bits —
+    launch parameters such as a tile shape, whose invariance was measured for the kernel. They may
+    read the batch: the cut does not separate them from the batch's inputs, and they are not pinned;
+    their `require`s are still checked on every new input."""
 
     def wrap(f):
-        return parse_program(f, name=name)
+        return parse_program(f, name=name, schedule=schedule)
 
     return wrap(fn) if fn is not None else wrap

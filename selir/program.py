@@ -35,15 +35,24 @@ class Program:
     """A `@selection` function, parsed. Calling it evaluates it (all inputs given, knobs by name)."""
 
     def __init__(self, name: str, qualname: str, file: str, line: int,
-                 params: tuple[S.Param, ...], body: tuple[S.Stmt, ...], fn: Callable | None = None) -> None:
+                 params: tuple[S.Param, ...], body: tuple[S.Stmt, ...], fn: Callable | None = None,
+                 schedule: tuple[str, ...] = ()) -> None:
         self.name = name
+        # returned values declared bit-neutral: launch parameters (tile shape, warps, grid) that may
+        # follow the batch because no row's result depends on them; the cut leaves them unpinned
+        self.schedule = tuple(schedule)
         self.qualname = qualname
         self.file = file
         self.line = line
         self.params = params
         self.body = body
         self.fn = fn
-        self.digest = hashlib.sha256(canonical(body).encode() + canonical(params).encode()).hexdigest()[:16]
+        self.digest = hashlib.sha256(canonical(body).encode() + canonical(params).encode()
+                                     + canonical(self.schedule).encode()).hexdigest()[:16]
+
+    def is_schedule(self, point: str) -> bool:
+        """Whether selection point `point` (a flattened name, `tile.block_m`) is declared bit-neutral."""
+        return any(point == s or point.startswith((s + ".", s + "[")) for s in self.schedule)
 
     def inputs(self, kind: str) -> tuple[S.Param, ...]:
         return tuple(p for p in self.params if p.kind == kind)

@@ -18,6 +18,7 @@ class ReportRow:
     control_edges: int
     selection_points: int
     batch_dependent_points: list[str]
+    schedule_points: list[str]
     pins_full: list[str]
     pins_fold: list[str]
     pins_none: list[str]
@@ -41,7 +42,8 @@ def report_row(program: Program, deployment: str, facts: dict, cache: Optional[J
     return ReportRow(
         program=program.name, deployment=deployment, values=s["values"],
         control_edges=s["control_edges"], selection_points=s["selection_points"],
-        batch_dependent_points=list(s["batch_dependent_points"]), pins_full=list(s["pins"]),
+        batch_dependent_points=list(s["batch_dependent_points"]),
+        schedule_points=list(s.get("schedule_points", ())), pins_full=list(s["pins"]),
         pins_fold=list(pins_fold), pins_none=list(pins_none), values_fold=len(g_fold.nodes),
         candidates=s["candidate_count"], legal=s["legal_count"], points_tried=s["points_tried"],
         exhaustive=s["points_exhaustive"],
@@ -57,7 +59,8 @@ def render(rows: list[ReportRow]) -> str:
             f"  values in the graph         {r.values} (constant folding alone: {r.values_fold}); "
             f"control edges {r.control_edges}",
             f"  selection points            {r.selection_points}, batch-dependent "
-            f"{len(r.batch_dependent_points)}: {', '.join(r.batch_dependent_points) or '-'}",
+            f"{len(r.batch_dependent_points)}: {', '.join(r.batch_dependent_points) or '-'}"
+            + (f"; schedule (bit-neutral, may read the batch) {len(r.schedule_points)}" if r.schedule_points else ""),
             f"  pins, full analysis         {len(r.pins_full)}: {', '.join(r.pins_full) or '-'}",
             f"  pins, constant folding only {len(r.pins_fold)}: {', '.join(r.pins_fold) or '-'}",
             f"  pins, no cut                {len(r.pins_none)}: {', '.join(r.pins_none) or '-'}",

@@ -32,6 +32,8 @@ class Selector:
         self.pins = dict(pins)
         self.knobs = dict(knobs)
         self.point_names = tuple(solution.outputs)
+        schedule = set(solution.stats.get("schedule_points", ()))
+        self.bit_points = tuple(p for p in self.point_names if p not in schedule)
         self.params = tuple(solution.params)
         self.source = self._generate()
         self._namespace = self._load()
@@ -47,6 +49,11 @@ class Selector:
 
     def as_dict(self, result: Any) -> dict[str, Any]:
         return dict(zip(self.point_names, result))
+
+    def bits(self, result: Any) -> dict[str, Any]:
+        """The selection points of `result` that decide bits: all but the declared schedule (which a
+        pinned selector may still compute from the batch)."""
+        return {p: v for p, v in zip(self.point_names, result) if p in self.bit_points}
 
     def repin(self, pins: Optional[dict] = None, knobs: Optional[dict] = None) -> "Selector":
         """A selector with other pin/knob values, without re-solving (the values must be legal)."""

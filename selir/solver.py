@@ -105,6 +105,7 @@ def solve(program: Program, facts: dict, *, level: str = "full", cut: str = "min
         "values": len(g.nodes), "edges": g.edge_count, "control_edges": len(g.control),
         "selection_points": len(g.points),
         "batch_dependent_points": tuple(sorted(g.point_nodes(batch_only=True))),
+        "schedule_points": tuple(sorted(g.schedule)),
         "batch_inputs": tuple(sorted(n.aux[0] for n in g.sources)),
         "pins": tuple(named), "cut_value": cut_value,
         "candidate_count": verdict.candidate_count, "legal_count": None,

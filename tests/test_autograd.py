@@ -86,7 +86,8 @@ def test_stock_arm_with_grad_does_not_reproduce_the_rollout(tmp_path):
     """Negative control of the check above (fp32, where the CPU stock arm visibly reads the batch)."""
     model = load_model(save(hf_model("qwen2"), tmp_path), "stock", dtype=torch.float32, **LIMITS)
     params = [SamplingParams(seed=s, temperature=1.0, max_tokens=6) for s in range(8)]
-    rolled = Engine(model, num_blocks=64).generate(sequences(5, (5, 18, 33, 7, 12, 20, 9, 30)), params)
+    # prompts past 64 tokens: decode then reads its keys in the stock selection's wider tiles
+    rolled = Engine(model, num_blocks=64).generate(sequences(5, (5, 18, 33, 70, 12, 90, 9, 100)), params)
     for p in model.parameters():
         p.requires_grad_(True)
     trained = completion_logprobs(model, [(s.tokens, s.num_prompt) for s in rolled], [1.0] * 8)

@@ -107,7 +107,7 @@ def test_cli_passes_with_detent_and_writes_json(tmp_path, capsys):
 
 
 def test_cli_all_arms_exit_0_when_pinned_arms_pass_and_stock_fails(capsys):
-    assert B.main(["--arm", "all", "--cells", "cobatch-chunked"]) == 0
+    assert B.main(["--arm", "all", "--cells", "cobatch-budget"]) == 0
     text = capsys.readouterr().out
     assert "stock: 0/1 cells pass, 1 fail" in text and "det: 1/1 cells pass" in text and "FAIL@" in text
     assert text.rstrip().splitlines()[-1] == ("verdict: OK: stock fails 1 of 1 cells, as the negative control "
@@ -115,7 +115,7 @@ def test_cli_all_arms_exit_0_when_pinned_arms_pass_and_stock_fails(capsys):
 
 
 def test_cli_stock_alone_exits_0_only_when_it_fails_a_cell(capsys):
-    assert B.main(["--arm", "stock", "--cells", "cobatch-chunked"]) == 0
+    assert B.main(["--arm", "stock", "--cells", "cobatch-budget"]) == 0
     assert capsys.readouterr().out.rstrip().endswith("verdict: OK: stock fails 1 of 1 cells, as the negative "
                                                      "control must")
     # a rerun of the same batch is reproducible even for stock: these cells cannot expose it

@@ -13,7 +13,7 @@ import torch
 
 from detent_rl.kernels.commitment import CommitmentError, CommitmentTuple, SiteCommitment
 from detent_rl.kernels.programs.attention import triton_tile
-from detent_rl.kernels.programs.matmul import GEMM_TILES
+from detent_rl.kernels.programs.matmul import SCHEDULES
 from detent_rl.models import load_model
 from detent_rl.models.builtin import builtin_checkpoint
 from detent_rl.rollout.engine import Engine
@@ -22,8 +22,8 @@ from detent_rl.selir import SelIRError
 from detent_rl.tune import tune_matmul
 from test_models import LIMITS, hf_model, save
 
-MM = {"n": 256, "k": 128}  # the tiny model's fused q/k/v projection
-MM_KEY = "matmul[k=128][n=256]"
+MM = {"n": 128, "k": 256}  # the tiny model's down projection (K = 256: partitions of one or two chunks)
+MM_KEY = "matmul[k=256][n=128]"
 
 
 @pytest.fixture(scope="module")
@@ -42,17 +42,17 @@ def _refusal(excinfo) -> str:
 
 
 def test_a_tuple_is_an_immutable_value(tmp_path):
-    t = CommitmentTuple({MM_KEY: {"pins": {"bucket": 64}, "knobs": {"pad_m": 1}}}, {"hidden": 128})
+    t = CommitmentTuple({MM_KEY: {"pins": {"chunk": 128}, "knobs": {"schedule_by_m": True}}}, {"hidden": 128})
     with pytest.raises(TypeError):
         t.sites["attention"] = SiteCommitment()
     with pytest.raises(TypeError):
-        t.sites[MM_KEY].pins["bucket"] = 16
+        t.sites[MM_KEY].pins["chunk"] = 256
     with pytest.raises(TypeError):
         t.deployment["hidden"] = 64
     with pytest.raises(dataclasses.FrozenInstanceError):
         t.sites = {}
-    other = t.with_sites({MM_KEY: SiteCommitment({"bucket": 16}, {"pad_m": 1})})
-    assert t.sites[MM_KEY].pins["bucket"] == 64 and other.sites[MM_KEY].pins["bucket"] == 16
+    other = t.with_sites({MM_KEY: SiteCommitment({"chunk": 256}, {"schedule_by_m": True})})
+    assert t.sites[MM_KEY].pins["chunk"] == 128 and other.sites[MM_KEY].pins["chunk"] == 256
     assert other.sha256() != t.sha256() and other.deployment == t.deployment
     # one value whatever its form: the saved and loaded file, a pickle, a deep copy; one hash
     path = t.save(tmp_path / "t.json")
@@ -109,7 +109,7 @@ def test_a_tuple_given_to_an_arm_that_would_ignore_it_is_refused(tiny, arm):
 
 def test_an_entry_for_a_site_the_model_lacks_is_refused(tiny, tmp_path):
     resolved = _load(tiny).selections.resolved()
-    extra = resolved.with_sites({"matmul[k=7][n=9]": SiteCommitment({"bucket": 16}, {"pad_m": 1})})
+    extra = resolved.with_sites({"matmul[k=7][n=9]": SiteCommitment({"chunk": 128}, {"schedule_by_m": True})})
     with pytest.raises(CommitmentError) as e:
         _load(tiny, extra)
     assert _refusal(e).startswith("commitment tuple has entries for sites this model does not have: "
@@ -143,21 +143,22 @@ def test_an_honoured_tuple_sets_the_kernels_parameters(tiny, tmp_path):
     default = _load(tiny)
     resolved = default.selections.resolved()
     matmul_sites = [k for k in resolved.sites if k.startswith("matmul")]
-    assert resolved.sites[MM_KEY].pins["bucket"] == 8192 and resolved.sites["attention"].pins["split_size"] == 256
-    chosen = {k: SiteCommitment({"bucket": 16}, {"pad_m": 8}) for k in matmul_sites}
+    # the default: the partition a one-row decode gets from the stock selection (two chunks here)
+    assert resolved.sites[MM_KEY].pins["chunk"] == 128 and resolved.sites["attention"].pins["split_size"] == 256
+    chosen = {k: SiteCommitment({"chunk": 256} if k == MM_KEY else {}, {"schedule_by_m": False}) for k in matmul_sites}
     chosen["attention"] = SiteCommitment({"is_decode": True, "split_size": 512}, {"split_stride": 0})
     path = resolved.with_sites(chosen).save(tmp_path / "chosen.json")
     committed = _load(tiny, CommitmentTuple.load(path))
     assert committed.selections.resolved() == CommitmentTuple.load(path)  # every entry honoured as written
 
-    def matmul_tile(model, m):
+    def matmul_launch(model, m):
         s = model.selections.get("matmul", **MM)(m)
-        return s.tile_block_m, s.tile_block_n, s.tile_block_k, s.pad_m
+        return s.chunk, s.tile_block_m, s.tile_block_n, s.tile_block_k
 
-    row16, row8192 = GEMM_TILES[16], GEMM_TILES[8192]
+    largest, smallest = SCHEDULES[8192], SCHEDULES[32]
     for m in (1, 5, 300):
-        assert matmul_tile(committed, m) == (row16.block_m, row16.block_n, row16.block_k, 8)
-        assert matmul_tile(default, m) == (row8192.block_m, row8192.block_n, row8192.block_k, 1)  # the control
+        assert matmul_launch(committed, m) == (256, largest.block_m, largest.block_n, largest.block_k)
+    assert matmul_launch(default, 1) == (128, smallest.block_m, smallest.block_n, smallest.block_k)  # the control
     for batch in ((1, 1, 1, 200), (4, 100, 300, 200)):
         att, att0 = committed.select_attention(*batch), default.select_attention(*batch)
         assert (att.block_m, att.block_n, att.split_size) == (*triton_tile.fn(False), 512)

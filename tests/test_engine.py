@@ -104,11 +104,36 @@ def test_gpu_decode_graphs_give_the_eager_bits(tmp_path, arm, dtype):
 
 
 @pytest.mark.gpu
-def test_gpu_stock_arm_refuses_decode_graphs(tmp_path):
+@pytest.mark.parametrize("arm", ["detent", "det"])
+def test_gpu_decode_graphs_sample_inside_the_graph(tmp_path, arm):
+    # RL's decode: no top-k/top-p, one temperature (greedy rows take their logprob at 1.0): the graph
+    # samples too, and gives the eager engine's tokens and logprobs bit for bit
+    model = load_model(save(hf_model("qwen2"), tmp_path), arm, device="cuda", dtype=torch.bfloat16, **LIMITS)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(3, 40))] for _ in range(11)]
+    for temps in ([1.0, 0.0] * 6, [0.7] * 12):
+        params = [SamplingParams(seed=50 + i, temperature=temps[i], max_tokens=rng.randint(3, 12)) for i in range(11)]
+        engine = Engine(model, num_blocks=64)
+        graphed = engine.generate(prompts, params)
+        sampled_in_graph = [key for key in engine.graphs.graphs if key[1] is not None]
+        assert sampled_in_graph and {key[1] for key in sampled_in_graph} == {max(temps)}
+        eager = Engine(model, num_blocks=64, cuda_graphs=False).generate(prompts, params)
+        assert [(s.completion, s.logprobs) for s in graphed] == [(s.completion, s.logprobs) for s in eager]
+        assert [engine.rescore(s) for s in graphed] == [s.logprobs for s in graphed]
+
+
+@pytest.mark.gpu
+def test_gpu_stock_arm_decodes_from_graphs_and_stays_batch_dependent(tmp_path):
+    # the honest baseline: cuBLAS linears, graphs captured per padded size with the selection fixed at
+    # capture — fast, and a request's bits still follow its batch (alone vs beside others)
     model = load_model(save(hf_model("qwen2"), tmp_path), "stock", device="cuda", dtype=torch.bfloat16, **LIMITS)
-    assert Engine(model, num_blocks=64).graphs is None  # stock decodes eagerly by default
-    with pytest.raises(ValueError, match="pinned arm"):
-        Engine(model, num_blocks=64, cuda_graphs=True)
+    engine = Engine(model, num_blocks=64)
+    prompts, params = _requests(11, seed=3)
+    batched = engine.generate(prompts, params)
+    assert engine.graphs is not None and engine.graphs.graphs, "the stock arm must decode from graphs too"
+    alone = [Engine(model, num_blocks=64).generate([p], [sp])[0] for p, sp in zip(prompts, params)]
+    assert any(a.logprobs != b.logprobs for a, b in zip(alone, batched)), \
+        "negative control: the stock arm's bits must follow the batch"
 
 
 def test_a_group_sharing_its_prompt_under_chunked_prefill_matches_each_sample_alone(tmp_path):

@@ -15,8 +15,9 @@ QWEN2_05B = Deployment(num_heads=14, num_kv_heads=2, head_dim=64, hidden=896, vo
 
 def test_detent_sites_are_pinned_and_recorded(tmp_path):
     sel = KernelSelections(QWEN2_05B, "detent")
-    mm = sel.get("matmul", n=1152, k=896)
-    assert mm(1) == mm(7) == mm(4096)
+    mm = sel.get("matmul", n=896, k=4864)  # the down projection: the one site whose stock selection splits K
+    assert mm.bits(mm(1)) == mm.bits(mm(7)) == mm.bits(mm(4096)) == {"chunk": 640}
+    assert mm(1).tile_parallel and not mm(4096).tile_parallel  # the schedule follows M, the partition does not
     att = sel.get("attention")
     assert att(1, 1, 1, 10) == att(64, 300, 2000, 4000)
     assert sel.get("rmsnorm")(1) == sel.get("rmsnorm")(1000)
@@ -25,22 +26,26 @@ def test_detent_sites_are_pinned_and_recorded(tmp_path):
     sel.resolved().save(path)
     loaded = CommitmentTuple.load(path)
     again = KernelSelections(QWEN2_05B, "detent", loaded)
-    assert again.get("matmul", n=1152, k=896)(3) == mm(3)
-    assert set(json.loads(path.read_text())["sites"]) == {"matmul[k=896][n=1152]", "attention", "rmsnorm"}
+    assert again.get("matmul", n=896, k=4864)(3) == mm(3)
+    assert set(json.loads(path.read_text())["sites"]) == {"matmul[k=4864][n=896]", "attention", "rmsnorm"}
     assert loaded == sel.resolved() and loaded.sha256() == sel.resolved().sha256()
 
 
 def test_stock_sites_read_the_batch():
     sel = KernelSelections(QWEN2_05B, "stock")
-    assert sel.get("matmul", n=1152, k=896)(1) != sel.get("matmul", n=1152, k=896)(4096)
+    assert sel.get("matmul", n=896, k=4864)(1).chunk != sel.get("matmul", n=896, k=4864)(4096).chunk
     assert sel.get("rmsnorm")(1) != sel.get("rmsnorm")(1000)
 
 
 def test_a_committed_value_is_used_and_an_illegal_one_refused(tmp_path):
     here = asdict(QWEN2_05B)
-    t = CommitmentTuple({"matmul[k=896][n=1152]": {"pins": {"bucket": 64}, "knobs": {"pad_m": 1}}}, here)
+    t = CommitmentTuple({"matmul[k=4864][n=896]": {"pins": {"chunk": 4864}, "knobs": {"schedule_by_m": True}}},
+                        here)
     sel = KernelSelections(QWEN2_05B, "detent", t)
-    assert sel.get("matmul", n=1152, k=896)(5).tile_block_m == 64
+    assert sel.get("matmul", n=896, k=4864)(5).chunk == 4864
+    bad_chunk = CommitmentTuple({"matmul[k=4864][n=896]": {"pins": {"chunk": 200}, "knobs": {}}}, here)
+    with pytest.raises(SelectionError, match="not among the candidates"):
+        KernelSelections(QWEN2_05B, "detent", bad_chunk).get("matmul", n=896, k=4864)
     bad = CommitmentTuple({"attention": {"pins": {"num_splits": 1, "split_size": 128}, "knobs": {}}}, here)
     with pytest.raises(SelectionError, match="splits must cover the longest KV"):
         KernelSelections(QWEN2_05B, "detent", bad).get("attention")
@@ -63,7 +68,7 @@ def test_bad_tuple_files_name_what_is_wrong(tmp_path):
 def test_det_arm_is_one_unsplit_configuration_per_site():
     sel = KernelSelections(QWEN2_05B, "det")
     mm = sel.get("matmul", n=1152, k=896)
-    assert mm(1) == mm(7) == mm(8192) and mm(1).tile_split_k == 1
+    assert mm(1) == mm(7) == mm(8192) and mm(1).chunk == 896 and not mm(1).tile_parallel  # one schedule, no split
     att = sel.get("attention")
     one = att(1, 1, 1, 10)
     assert one == att(64, 300, 2000, 4000) == att(128, 1, 128, 4096)
@@ -73,7 +78,7 @@ def test_det_arm_is_one_unsplit_configuration_per_site():
     # det takes no tuple; what it resolved to is its own assignment, which the detent arm reproduces
     assert sel.commitment is None
     resolved = sel.resolved()
-    assert resolved.sites["matmul[k=896][n=1152]"].pins["bucket"] == 8192  # the largest tile without split-K
+    assert resolved.sites["matmul[k=896][n=1152]"].pins["chunk"] == 896  # K in one piece
     detent = KernelSelections(QWEN2_05B, "detent", resolved)
     assert detent.get("matmul", n=1152, k=896)(1) == mm(1) and detent.get("attention")(1, 1, 1, 10) == one
     stock = KernelSelections(QWEN2_05B, "stock").get("attention")

@@ -1,12 +1,14 @@
-"""Linear on the CPU: matches the reference, batch-invariant under the pinned tile, and the stock
-selection (split-K for small M) visibly is not."""
+"""Linear on the CPU: matches the reference, a row's bits follow the K partition alone (not M, not
+the schedule), batch-invariant under the pinned selection, and the stock selection (split-K for small
+M) visibly is not; the Triton code under the CPU interpreter (logic only: GPU bits are
+tests/test_kernels_matmul_gpu.py's)."""
 from __future__ import annotations
 
 
 import pytest
 import torch
 
-from detent_rl.kernels.matmul import linear, linear_ref, tile_params
+from detent_rl.kernels.matmul import launch_params, linear, linear_ref
 from detent_rl.kernels.programs.matmul import matmul_program
 from detent_rl.kernels.selections import Deployment
 from detent_rl.selir.cache import JITCache
@@ -29,7 +31,7 @@ def _selectors(n: int, k: int):
 
 
 def _run(x, w, b, cfg):
-    return linear(x, w, b, **tile_params(cfg))
+    return linear(x, w, b, **launch_params(cfg))
 
 
 def _weights(n, k, bias, dtype, seed=0):
@@ -41,11 +43,11 @@ def _weights(n, k, bias, dtype, seed=0):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n,k,bias", SHAPES)
-@pytest.mark.parametrize("split_k", [1, 2, 3])
-def test_linear_matches_reference(dtype, n, k, bias, split_k):
+@pytest.mark.parametrize("chunk, parallel", [(128, True), (256, False), (8192, False)])
+def test_linear_matches_reference(dtype, n, k, bias, chunk, parallel):
     w, b = _weights(n, k, bias, dtype)
     x = torch.randn(37, k).to(dtype)
-    out = linear(x, w, b, block_m=16, block_n=64, block_k=64, split_k=split_k)
+    out = linear(x, w, b, chunk=chunk, parallel=parallel, block_m=16, block_n=64, block_k=64)
     ref = linear_ref(x, w, b)
     err = (out.float() - ref.float()).abs().max().item() / max(ref.float().abs().max().item(), 1.0)
     assert err <= TOL[dtype], err
@@ -72,11 +74,36 @@ def _invariance_failures(sel, dtype, n, k, bias) -> list[str]:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n,k,bias", SHAPES)
-def test_pinned_tile_is_batch_invariant_and_stock_is_not(dtype, n, k, bias):
+def test_pinned_partition_is_batch_invariant_and_stock_is_not(dtype, n, k, bias):
     stock, detent = _selectors(n, k)
     assert _invariance_failures(detent, dtype, n, k, bias) == []
+    if stock(1).chunk == stock(300).chunk:  # K <= N: the stock selection never splits it
+        assert k <= n
+        return
     stock_failures = _invariance_failures(stock, dtype, n, k, bias)
-    assert stock_failures, "negative control: the stock selection (split-K below 32 rows) must change bits"
+    assert stock_failures, "negative control: the stock selection (split-K for decode) must change bits"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_rows_follow_the_chunk_alone(dtype):
+    w, b = _weights(96, 1000, True, dtype)
+    x = torch.randn(130, 1000, generator=torch.Generator().manual_seed(2)).to(dtype)
+    full = linear(x, w, b, chunk=64, parallel=False, block_m=32, block_n=64, block_k=32)
+    bad = []
+    for m in (1, 3, 17, 64, 129):
+        for parallel, block_m in ((True, 16), (False, 64), (True, 128)):
+            got = linear(x[:m], w, b, chunk=64, parallel=parallel, block_m=block_m, block_n=32, block_k=64)
+            if not torch.equal(got, full[:m]):
+                bad.append((m, parallel, block_m))
+    assert not bad, f"rows changed with M or the schedule: {bad}"
+    other = linear(x, w, b, chunk=32, parallel=False, block_m=32, block_n=64, block_k=32)
+    assert not torch.equal(other, full), "another K partition must round differently (the control)"
+
+
+def test_a_chunk_of_partial_blocks_is_refused():
+    w, b = _weights(8, 64, True, torch.float32)
+    with pytest.raises(AssertionError, match="whole BLOCK_K"):
+        linear(torch.randn(2, 64), w, b, chunk=48, parallel=True, block_m=16, block_n=16, block_k=32)
 
 
 def test_plain_cpu_fp32_matmul_reads_the_batch():
@@ -88,23 +115,26 @@ def test_plain_cpu_fp32_matmul_reads_the_batch():
 
 
 def test_triton_kernel_under_the_interpreter():
-    # correctness and row invariance of the Triton code path, run by Triton's CPU interpreter
-    # (it proves nothing about GPU bits; the GPU tests do that)
+    # the tile stays fixed here, M and the schedule vary: the interpreter's tl.dot is a numpy matmul
+    # per block, whose summation order follows the block's shape (the H200's tl.dot does not: the GPU
+    # test measures that)
     code = r'''
 import torch
-from detent_rl.kernels.matmul import linear, linear_ref, tile_params
+from detent_rl.kernels.matmul import linear, linear_ref
 torch.manual_seed(0)
 bad = []
 for dtype in (torch.float32, torch.bfloat16):
     x = torch.randn(37, 200).to(dtype); w = torch.randn(72, 200).to(dtype); b = torch.randn(72).to(dtype)
-    for sk in (1, 2, 3):
-        out = linear(x, w, b, block_m=16, block_n=32, block_k=32, split_k=sk)
+    ref = linear(x, w, b, chunk=64, parallel=False, block_m=16, block_n=32, block_k=32)
+    for chunk in (64, 256):
+        out = linear(x, w, b, chunk=chunk, parallel=False, block_m=16, block_n=32, block_k=32)
         err = (out.float() - linear_ref(x, w, b).float()).abs().max().item()
         if err > (1e-3 if dtype == torch.float32 else 0.5):
-            bad.append(("err", dtype, sk, err))
-        one = linear(x[5:6], w, b, block_m=16, block_n=32, block_k=32, split_k=sk)
-        if not torch.equal(one[0], out[5]):
-            bad.append(("row", dtype, sk))
+            bad.append(("err", dtype, chunk, err))
+    for m, parallel in ((1, True), (5, True), (37, True), (2, False)):
+        got = linear(x[:m], w, b, chunk=64, parallel=parallel, block_m=16, block_n=32, block_k=32)
+        if not torch.equal(got, ref[:m]):
+            bad.append(("rows", dtype, m, parallel))
 print("BAD", bad)
 '''
     out = run_interpreted(code)

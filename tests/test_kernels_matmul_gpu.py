@@ -1,5 +1,7 @@
-"""Linear on the GPU (Triton): reference, batch invariance under the pinned tile, the stock arm's
-split-K as negative control, and the tile facts the selection relies on, re-measured."""
+"""Linear on the GPU (Triton): reference, batch invariance under the pinned selection (its schedule
+following M), the stock selection's split-K as negative control, and the fact the selection rests
+on, re-measured on every linear site of the Qwen2 0.5B and 1.5B configs: a row's bits follow the K
+partition alone — not M, not the tile, not parallel vs sequential chunks."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +13,13 @@ from test_kernels_matmul import _run, _selectors
 pytestmark = pytest.mark.gpu
 
 SHAPES = [(1152, 896, True), (9728, 896, False), (896, 4864, False), (151936, 896, False)]
-
+# (n, k, bias): qkv, o, gate_up, down, LM head of Qwen2-0.5B, then of Qwen2-1.5B
+SITES = [(1152, 896, True), (896, 896, False), (9728, 896, False), (896, 4864, False), (151936, 896, False),
+         (2048, 1536, True), (1536, 1536, False), (17920, 1536, False), (1536, 8960, False), (151936, 1536, False)]
+SCHEDULES = [  # parallel, block_m, block_n, block_k, num_warps, num_stages
+    (True, 16, 64, 128, 4, 4), (True, 16, 32, 128, 4, 4), (True, 32, 64, 64, 4, 4), (True, 64, 128, 64, 4, 3),
+    (False, 16, 64, 128, 4, 4), (False, 64, 128, 64, 4, 3), (False, 128, 128, 32, 8, 3), (False, 128, 256, 64, 8, 3),
+]
 
 
 def _data(n, k, bias, dtype, rows=2048):
@@ -49,18 +57,32 @@ def test_linear_gpu_reference_and_invariance(dtype, n, k, bias):
     rel = ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1)).item()
     assert rel < (1e-4 if dtype == torch.float32 else 2e-2), rel
     assert _failures(detent, x, w, b) == []
-    assert _failures(stock, x, w, b), "negative control: stock split-K for small batches must change bits"
+    if stock(1).chunk != stock(x.shape[0]).chunk:  # the LM head's N fills the SMs unsplit: no control there
+        assert _failures(stock, x, w, b), "negative control: stock split-K for small batches must change bits"
 
 
-def test_tile_shape_does_not_change_row_bits_without_split_k():
-    # DESIGN.md: tl.dot rows are bit-identical across BLOCK_M, warps, stages and BLOCK_K 32/64;
-    # what changes them is split-K. Re-measured here on this kernel.
-    x, w, _ = _data(1152, 896, False, torch.bfloat16, rows=256)
-    base = linear(x, w, block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3)
-    same, changed = [], []
-    for bm, bk, warps, stages in ((16, 64, 4, 3), (32, 64, 4, 2), (128, 64, 8, 3), (64, 32, 4, 4), (128, 32, 8, 3)):
-        out = linear(x, w, block_m=bm, block_n=64, block_k=bk, num_warps=warps, num_stages=stages)
-        (same if torch.equal(out, base) else changed).append((bm, bk, warps, stages))
-    split = linear(x, w, block_m=64, block_n=64, block_k=64, split_k=2)
-    assert not torch.equal(split, base), "split-K must change bits (else the negative control is void)"
-    assert not changed, f"tiles that changed bits: {changed} (re-check what the selection must pin)"
+@pytest.mark.parametrize("n, k, bias", SITES, ids=[f"{k}to{n}" for n, k, _ in SITES])
+def test_rows_follow_the_chunk_not_m_or_the_schedule(n, k, bias):
+    rows = 256 if n > 100_000 else 2048
+    x, w, b = _data(n, k, bias, torch.bfloat16, rows)
+    for chunk in (128, 1 << 20):  # a split partition (one BLOCK_K 128 block per chunk too), and K in one piece
+        full = linear(x, w, b, chunk=chunk, parallel=False, block_m=128, block_n=128, block_k=64, num_warps=8)
+        bad = []
+        for parallel, bm, bn, bk, warps, stages in SCHEDULES:
+            for m in (1, 3, 16, 100, rows):
+                got = linear(x[:m], w, b, chunk=chunk, parallel=parallel, block_m=bm, block_n=bn, block_k=bk,
+                             num_warps=warps, num_stages=stages)
+                rows_bad = (got != full[:m]).any(dim=1).nonzero().flatten().tolist()
+                if rows_bad:
+                    bad.append(f"chunk {chunk} {(parallel, bm, bn, bk, warps, stages)} M={m}: rows {rows_bad[:4]}")
+        assert not bad, "rows changed with M or the schedule:\n" + "\n".join(bad)
+
+
+def test_another_chunk_rounds_differently():
+    changed = []
+    for n, k, bias in SITES[:4]:
+        x, w, b = _data(n, k, bias, torch.bfloat16, 64)
+        a = linear(x, w, b, chunk=256, parallel=True, block_m=16, block_n=64, block_k=64)
+        c = linear(x, w, b, chunk=128, parallel=True, block_m=16, block_n=64, block_k=64)
+        changed.append(not torch.equal(a, c))
+    assert any(changed), "a different K partition must change some site's bits, else the pin is vacuous"

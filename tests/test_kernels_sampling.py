@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from detent_rl.kernels.log_softmax import log_softmax, token_logprobs
-from detent_rl.kernels.sampling import message_hash, sample, sample_ref
+from detent_rl.kernels.sampling import message_hash, sample, sample_ref, sample_unfiltered
 from detent_rl.kernels.programs.rows import log_softmax_program
 from test_kernels_rows import invariance_failures, selectors
 from interpreted import run_interpreted
@@ -218,6 +218,28 @@ def test_sample_matches_reference_and_token_logprobs(dtype, vocab, rows):
         lsm = log_softmax(inp["logits"][r], **kw).gather(1, tokens[r, None])[:, 0]
         assert torch.equal(logprobs[r], lsm), f"T={t}: the logprob must be log_softmax's bits at the token"
         assert torch.equal(logprobs[r], token_logprobs(inp["logits"][r], tokens[r], **kw))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_graph_sampler_gives_sample_bits_on_unfiltered_rows(temperature):
+    # the decode graph's sampler: rows whose logprobs share one temperature (greedy ones count as T = 1),
+    # no top-k/top-p
+    inp = sampling_inputs(40, 1000, torch.bfloat16)
+    temps = torch.where(inp["temperature"] == 0, 0.0 if temperature == 1.0 else temperature, temperature)
+    off_k, off_p = torch.zeros(40, dtype=torch.int64), torch.ones(40)
+    want = sample(inp["logits"], inp["seeds"], inp["positions"], temperature=temps, top_k=off_k, top_p=off_p,
+                  block=256)
+    got = sample_unfiltered(inp["logits"], inp["seeds"], inp["positions"], temps, temperature=temperature, block=256)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    all_greedy = torch.zeros(40)
+    want = sample(inp["logits"], inp["seeds"], inp["positions"], temperature=all_greedy, top_k=off_k, top_p=off_p,
+                  block=256)
+    got = sample_unfiltered(inp["logits"], inp["seeds"], inp["positions"], all_greedy, temperature=1.0, block=256)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(ValueError, match="temps must be"):
+        sample_unfiltered(inp["logits"], inp["seeds"], inp["positions"], temps.double(), temperature=1.0, block=256)
+    with pytest.raises(ValueError, match="finite and > 0"):
+        sample_unfiltered(inp["logits"], inp["seeds"], inp["positions"], temps, temperature=0.0, block=256)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 
 from detent_rl.kernels.programs import allreduce, attention, matmul, moe
 from detent_rl.selir.cache import JITCache
+from detent_rl.selir.parse import parse_program
 from detent_rl.selir.solver import analyze, solve
 
 MODULES = (attention, matmul, moe, allreduce)
@@ -40,10 +41,10 @@ def test_committed_is_invariant_and_stock_is_not(mod):
     for _ in range(3000):
         args = _random_inputs(sol, rng)
         c, s = _valid(committed, args), _valid(stock, args)
-        if c is not None:
-            got.add(c)
+        if c is not None:  # what decides bits; a declared schedule (matmul's tile) may follow the batch
+            got.add(tuple(committed.bits(c).items()))
         if s is not None:
-            seen_stock.add(s)
+            seen_stock.add(tuple(stock.bits(s).items()))
     assert len(got) == 1, f"committed {mod.PROGRAM.name} changed with the batch: {got}"
     assert len(seen_stock) > 1, f"negative control: stock {mod.PROGRAM.name} never changed"
 
@@ -56,6 +57,25 @@ def test_moe_cut_is_the_row_key():
     assert len(governed) >= 6  # every config field, blocked by one pin
     _, _, none_pins, _ = analyze(moe.fused_moe_program, moe.REFERENCE_FACTS, cut="none")
     assert len(none_pins) == len(governed)
+
+
+def test_matmul_cut_is_the_k_partition_and_the_schedule_follows_m():
+    sol = solve(matmul.matmul_program, matmul.REFERENCE_FACTS, cache=JITCache(enabled=False))
+    assert sol.stats["pins"] == ("chunk",)
+    assert set(sol.stats["schedule_points"]) == {f"tile.{f}" for f in ("parallel", "block_m", "block_n", "block_k",
+                                                                        "group_m", "num_warps", "num_stages")}
+    stock, pinned = sol.stock(), sol.commit({"chunk": 640})
+    assert stock(1).chunk == 640 and stock(8192).chunk == 4864  # split-K for decode, K whole for prefill
+    assert pinned(1).chunk == pinned(8192).chunk == 640
+    assert pinned(1).tile_parallel and not pinned(8192).tile_parallel  # the same chunks, in parallel or in turn
+    assert pinned(1).tile_block_m < pinned(8192).tile_block_m
+    # the same program without the schedule declaration: the tile is a selection point like any other,
+    # so the cut must also block M's way into it, and a pinned selector runs one tile for every M
+    undeclared = parse_program(matmul.matmul_program.fn, name="matmul_undeclared")
+    bare = solve(undeclared, matmul.REFERENCE_FACTS, cache=JITCache(enabled=False))
+    assert bare.stats["pins"] == ("bucket", "chunk")  # the bucket fixes the tile for every M
+    one = bare.commit()
+    assert one(1) == one(8192)
 
 
 def test_constant_folding_alone_needs_more_pins_on_attention():

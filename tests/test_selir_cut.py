@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
+from detent_rl.selir import SelectionError, SelIRError
+from detent_rl.selir.cache import JITCache
+
 from detent_rl.selir.flow import INF, max_flow, min_vertex_cut
-from detent_rl.selir.solver import analyze
+from detent_rl.selir.solver import analyze, solve
 from selir_helpers import HEADER, load_module
 
 
@@ -107,3 +111,47 @@ def prog(n: Unpinnable[int], sms: Fact[int]):
     assert sorted(g.point_nodes(batch_only=True)) == ["tile"]
     assert g.control, "the branch condition must reach `tile` through a control edge"
     assert list(pins) == ["tile"]
+
+
+def test_a_declared_schedule_may_read_the_batch_and_is_left_out_of_the_cut(tmp_path):
+    body = '''
+def prog(n: Unpinnable[int], split: Runtime[int]):
+    assume(1 <= n <= 1000)
+    assume(1 <= split <= 4)
+    tile = 16
+    if n > 64:
+        tile = 128
+    require(tile <= 256 // split, "a tile spans one chunk at most")
+    return {"chunk": 256 // split, "launch": {"tile": tile, "warps": tile // 16}}
+'''
+    mod = load_module(HEADER + "@selection(schedule=('launch',))" + body + "\n@selection" + body.replace(
+        "def prog", "def bare"), tmp_path)
+    spec, g, pins, _ = analyze(mod.prog, {})
+    assert g.schedule == {"launch.tile", "launch.warps"}
+    assert sorted(g.point_nodes(batch_only=True)) == ["chunk"] and list(pins) == ["chunk"]
+    sol = solve(mod.prog, {}, cache=JITCache(enabled=False))
+    sel = sol.commit({"chunk": 128})
+    assert sel(1, 1).chunk == sel(900, 3).chunk == 128 and sel(1, 2).launch_tile == 16 and sel(900, 2).launch_tile == 128
+    assert sel.bits(sel(900, 2)) == {"chunk": 128}
+    with pytest.raises(SelectionError, match="a tile spans one chunk at most"):  # a schedule keeps its require
+        sol.stock()(900, 4)
+    # undeclared, `launch` is a selection point like `chunk`: the cut must pin the branch on n too
+    _, g, bare_pins, _ = analyze(mod.bare, {})
+    assert not g.schedule and len(bare_pins) == 2 and "chunk" in bare_pins
+
+
+def test_a_schedule_naming_no_returned_value_is_refused(tmp_path):
+    mod = load_module(HEADER + '''
+@selection(schedule=("tiles",))
+def prog(n: Unpinnable[int]):
+    assume(1 <= n <= 8)
+    return {"tile": n * 16}
+''', tmp_path)
+    with pytest.raises(SelIRError, match=r"declares schedule \['tiles'\] but returns no such value"):
+        analyze(mod.prog, {})
+    with pytest.raises(SelIRError, match="schedule must be a tuple"):
+        load_module(HEADER + '''
+@selection(schedule="tile")
+def prog(n: Unpinnable[int]):
+    return {"tile": n}
+''', tmp_path)

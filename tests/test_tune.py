@@ -1,4 +1,4 @@
-"""The tuner: every matmul site gets a legal bucket from timing, the tuple loads in engine and
+"""The tuner: every matmul site gets a legal K partition from timing, the tuple loads in engine and
 trainer alike, and the tuned engine keeps its invariance (rollout == rescore, alone == batched)."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 
 from detent_rl.kernels.commitment import CommitmentError, CommitmentTuple
 from detent_rl.models import load_model
+from detent_rl.models.layers import Linear
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
 from detent_rl.tune import main, tune_matmul
@@ -23,7 +24,9 @@ def test_tuned_tuple_is_legal_loadable_and_keeps_invariance(tmp_path):
     tuned = tune_matmul(model, {4: 8.0, 100: 1.0}, repeats=1, log=lines.append, head_rows={4: 9.0})
     matmul_sites = {k for k in tuned.sites if k.startswith("matmul")}
     assert matmul_sites and len(lines) == len(matmul_sites)
-    assert all(tuned.sites[k].pins["bucket"] in (16, 32, 64, 128, 256, 8192) for k in matmul_sites)
+    for n, k in {tuple(m.weight.shape) for m in model.modules() if isinstance(m, Linear)}:
+        sol = model.selections.solution("matmul", n=n, k=k)  # a legal partition (none where K is one chunk)
+        assert tuned.sites[f"matmul[k={k}][n={n}]"].pins.get("chunk") in sol.candidates.get("chunk", (None,))
     # a new tuple: every site of the model, the others at the model's values; the model is untouched
     assert set(tuned.sites) == set(before.sites) and tuned.deployment == before.deployment
     assert all(tuned.sites[k] == before.sites[k] for k in set(before.sites) - matmul_sites)

@@ -4,8 +4,11 @@ Kernels are called through `kernels.autograd`, which is the kernel call itself u
 parameter or input needs a gradient (the trainer), and then the same call with a backward.
 Every layer asks `KernelSelections` for its selector once, at construction (selectors are memoised
 per site, so the 2 x num_layers norms of one width share one), and calls it with the step's row
-count on every forward. No layer falls back to torch.nn.functional: a row's bits are decided by
-the selected kernel parameters only, which is what makes them batch-invariant under the detent arm.
+count on every forward. A row's bits are decided by the selected kernel parameters only, which is
+what makes them batch-invariant under the pinned arms. One exception, by design: the stock arm's
+linears are `torch.nn.functional.linear` (cuBLAS on the GPU) — the GEMM a stock engine runs and
+every speed ratio is taken against (`kernels.matmul.stock_linear`); its other layers are our
+kernels under the stock selection.
 
 Each parameter carries its own `weight_loader(param, tensor[, shard_id])`; fused projections
 (q/k/v, gate/up) load their HF shards into row ranges of one weight, so one matmul serves them.
@@ -17,7 +20,7 @@ from torch import nn
 
 from detent_rl.kernels.autograd import (apply_rotary_autograd, attention_autograd, embedding_autograd,
                                        linear_autograd, rmsnorm_autograd, silu_and_mul_autograd)
-from detent_rl.kernels.matmul import tile_params
+from detent_rl.kernels.matmul import launch_params, stock_linear
 from detent_rl.kernels.selections import KernelSelections
 from detent_rl.models.config import ModelConfig
 from detent_rl.models.context import get_context
@@ -51,10 +54,12 @@ class Linear(nn.Module):
         self.weight = new_param((out_features, in_features), device, dtype)
         self.bias = new_param((out_features,), device, dtype) if bias else None
         self._select = selections.get("matmul", n=out_features, k=in_features)
+        self._stock = selections.arm == "stock"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # pad_m only moves the selection's bucket; the kernel needs no padding
-        return linear_autograd(x, self.weight, self.bias, tile_params(self._select(x.shape[0])))
+        if self._stock:  # the stock arm: what a stock engine runs (cuBLAS picks its algorithm by shape)
+            return stock_linear(x, self.weight, self.bias)
+        return linear_autograd(x, self.weight, self.bias, launch_params(self._select(x.shape[0])))
 
 
 class MergedLinear(Linear):

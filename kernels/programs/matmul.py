@@ -1,10 +1,20 @@
-"""Selection program of our matmul / linear family.
+"""Selection program of our matmul / linear family (`kernels/matmul.py`).
 
-Stock selection keys the tile config on the batch's row count M (bucketed, the way vLLM's and
-SGLang's Triton GEMM config tables do), including a split-K for skinny decode GEMMs — the classic
-source of batch-dependent bits: split-K changes where a row's partial sums are combined. A
-`pad_m` knob rounds M up before bucketing (engines pad to CUDA-graph capture sizes). The solver's
-pin is the bucket key: one value that fixes every field of the row.
+Two kinds of value come out. `chunk`, the K partition — K cut into chunks of `chunk` elements, each
+summed from a fresh fp32 accumulator, the chunk sums added in order — decides a row's bits. The
+`tile` record — tile shape, warps, stages, and whether the chunks run in parallel CTAs (combined in
+order through a workspace) or one after another in one CTA — decides none of them (measured on the
+H200 for every 0.5B/1.5B site, tests/test_kernels_matmul_gpu.py): it is declared the program's
+schedule, which may follow M, and the cut leaves it alone.
+
+Stock selection is a split-K GEMM's, as engines ship decode GEMMs: the schedule keyed on M's bucket,
+and K split just enough for the output tiles to fill the SMs. A decode step's rows are thus summed
+in more, shorter chunks than a prefill's — the classic source of batch-dependent bits. The cut
+pins `chunk` (one partition for every M) and lets the schedule follow M: a small-M call runs the
+pinned chunks in parallel, a large-M call runs them in sequence inside big tiles.
+
+The `schedule_by_m` knob turns that off (the largest bucket's schedule for every M): what the det
+arm runs, the way engines' deterministic modes fix one GEMM config for every batch.
 """
 from __future__ import annotations
 
@@ -12,59 +22,62 @@ from detent_rl.selir import Fact, Unpinnable, assume, knob, record, require, sel
 
 
 @record
-class GemmTile:
+class GemmSchedule:
+    parallel: bool  # the chunks in parallel CTAs (decode) or in sequence inside one CTA
     block_m: int
     block_n: int
     block_k: int
     group_m: int
     num_warps: int
     num_stages: int
-    split_k: int
 
 
-# Rows keyed by the largest M they serve, in increasing order.
-GEMM_TILES = {
-    16: GemmTile(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4, split_k=2),
-    32: GemmTile(block_m=32, block_n=64, block_k=64, group_m=4, num_warps=4, num_stages=4, split_k=2),
-    64: GemmTile(block_m=64, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=4, split_k=1),
-    128: GemmTile(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=3, split_k=1),
-    256: GemmTile(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3, split_k=1),
-    8192: GemmTile(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3, split_k=1),
+# Rows keyed by the largest M they serve, in increasing order: the H200's best tiles over a grid
+# (bench/matmul_sweep.py, docs/BENCHMARKS.md) for the Qwen2 0.5B/1.5B sites.
+SCHEDULES = {
+    32: GemmSchedule(parallel=True, block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4),
+    128: GemmSchedule(parallel=True, block_m=64, block_n=64, block_k=64, group_m=4, num_warps=4, num_stages=3),
+    512: GemmSchedule(parallel=False, block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=3),
+    2048: GemmSchedule(parallel=False, block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3),
+    8192: GemmSchedule(parallel=False, block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3),
 }
-PADS = (1, 8, 16, 64, 128)
+CHUNK_ALIGN = 128  # chunks are whole multiples of this: every schedule's BLOCK_K divides it
 
 
 @selection
 def gemm_bucket(m: Unpinnable[int]):
     """The smallest table key that is at least m (the last key for anything larger)."""
     bucket = 8192
-    for k in (256, 128, 64, 32, 16):
+    for k in (2048, 512, 128, 32):
         if m <= k:
             bucket = k
     return bucket
 
 
-@selection(name="matmul")
-def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[int], smem_bytes: Fact[int],
-                   dtype_bytes: Fact[int]):
+@selection(name="matmul", schedule=("tile",))
+def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[int], num_sms: Fact[int],
+                   smem_bytes: Fact[int], dtype_bytes: Fact[int]):
     assume(1 <= m <= max_m)
-    pad = knob("pad_m", PADS, 1)
-    m_padded = (m + pad - 1) // pad * pad
-    bucket = gemm_bucket(m_padded)
-    row = GEMM_TILES[bucket]
-    # a short K cannot feed every split-K part: split no further than K has blocks
-    k_blocks = (k + row.block_k - 1) // row.block_k
+    by_m = knob("schedule_by_m", (True, False), True)
+    bucket = gemm_bucket(m) if by_m else 8192
+    row = SCHEDULES[bucket]
+    # split-K as decode GEMMs pick it: a reduction longer than the output is wide (K > N), under a
+    # parallel (small-M) schedule, is split until the output tiles fill the SMs; nothing else splits
+    tiles = (m + row.block_m - 1) // row.block_m * ((n + row.block_n - 1) // row.block_n)
+    splits = max(1, min(num_sms // tiles, k // CHUNK_ALIGN)) if row.parallel and k > n else 1
+    chunk = ((k + splits - 1) // splits + CHUNK_ALIGN - 1) // CHUNK_ALIGN * CHUNK_ALIGN
     # as Triton's autotuner prunes: no more pipeline stages than shared memory holds (fp32 tiles are twice
     # the bytes of the bf16 ones the table was written for)
     stage = (row.block_m + row.block_n) * row.block_k * dtype_bytes
     stages = min(row.num_stages, smem_bytes // stage)
-    tile = GemmTile(block_m=row.block_m, block_n=row.block_n, block_k=row.block_k, group_m=row.group_m,
-                    num_warps=row.num_warps, num_stages=stages, split_k=min(row.split_k, k_blocks))
+    tile = GemmSchedule(parallel=row.parallel and chunk < k, block_m=row.block_m, block_n=row.block_n,
+                        block_k=row.block_k, group_m=row.group_m, num_warps=row.num_warps, num_stages=stages)
     require(stages >= 1, "one stage of the tiles must fit in shared memory")
-    return {"tile": tile, "pad_m": pad}
+    require(chunk % CHUNK_ALIGN == 0 and chunk >= CHUNK_ALIGN, "a chunk is whole BLOCK_K blocks of every schedule")
+    return {"chunk": chunk, "tile": tile}
 
 
 # The MLP down-projection of a 0.5B-class Qwen2 (intermediate 4864 -> hidden 896) on one H200.
-REFERENCE_FACTS = {"n": 896, "k": 4864, "max_m": 8192, "smem_bytes": 227 * 1024, "dtype_bytes": 2}
+REFERENCE_FACTS = {"n": 896, "k": 4864, "max_m": 8192, "num_sms": 132, "smem_bytes": 227 * 1024, "dtype_bytes": 2}
 
 PROGRAM = matmul_program
