@@ -50,8 +50,8 @@ from detent_rl.rollout.sequence import SamplingParams
 
 MODES = {"T=0": 0.0, "T=1": 1.0}  # greedy, and seeded sampling at temperature 1
 TARGET_SEED = 20240601
-# Stock's fp32 matmul tile for M > 256 does not fit shared memory (its selection refuses it), so
-# steps stay within 256 tokens by default; every arm runs the same engine limits.
+# Steps stay within 256 tokens by default (the cells' batches are small; a tighter budget splits their
+# prefills into more chunks, which the cells are meant to exercise); every arm runs the same limits.
 DEFAULT_STEP_TOKENS = 256
 PAGE_SIZE = 16
 NEGATIVE_CONTROL = "stock"  # the arm whose selection reads the batch: it must fail some cell
@@ -275,7 +275,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help=f"a built-in model ({', '.join(BUILTINS)}; {SMOLLM2} has real weights, converted once "
                     f"from its GGUF, the others seeded random ones) or an HF checkpoint directory")
     ap.add_argument("--dtype", choices=tuple(DTYPES),
-                    help="default: fp32 on cpu (where stock's split-K changes bits), bf16 on cuda")
+                    help="default: fp32 on cpu (where stock's fp32 CPU GEMM changes bits with M), bf16 on cuda")
     ap.add_argument("--cells", help="comma-separated cell names, groups or glob patterns (default: all)")
     ap.add_argument("--step-tokens", type=int, default=DEFAULT_STEP_TOKENS, help="token budget of an engine step")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1; 0 keeps torch's default)")
