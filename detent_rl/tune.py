@@ -1,164 +1,346 @@
-"""`python -m detent_rl.tune`: a commitment tuple tuned to a workload, for the matmul call sites.
+"""`python -m detent_rl.tune`: a commitment tuple tuned to a workload, family by family (the paper's §6).
 
-The detent arm runs every call site through pins. Which legal pin value is fastest depends on the
-workload: a linear's pin is its K partition, and short chunks feed a decode step's parallel CTAs
-while long ones keep a prefill's big tiles pipelined. The tuner times, on the device it runs on,
-every legal K partition of every linear call site of the model at the workload's row counts (each
-with a weight: how many such calls a step makes; the schedule follows M), and commits the
-partition of least weighted time. The result is a new tuple: the model's resolved tuple
-(`KernelSelections.resolved()`: every site it has, at the loaded tuple's values or the solver's
-defaults, and the deployment) with the matmul sites replaced; the model's own selections are not
-touched. Written as JSON for `model.commitment` (engine and trainer load the same file, so both
-still select identically); it records the deployment it was tuned for, and a model of another
-deployment (other shapes, dtype or limits) refuses it, so tune with the run's recipe (or pass the
-run's limits with --model). This is the paper's tuner restricted to the matmul family; attention's
-split stride and the row blocks keep their values.
+1. Profile. Run the workload once with the model's own tuple (the default where it loaded none) and
+   record, per call site, its distinct selector calls (the batch-dependent values each launch passed)
+   with how often each occurred.
+2. Search, one site at a time. A site's grid is its legal assignments (pins and the knobs only its
+   selection reads). Each candidate is a repin — the selector recompiled with other constants, no
+   re-solve — whose cost is its recorded calls replayed on synthetic inputs of their shapes, each
+   timed and weighted by its count. Sites are searched separately, because their costs add up: the
+   search is a sum of grid sizes, not their product. A grid of at most `EXHAUSTIVE` candidates is
+   measured whole; a larger one by coordinate descent from the default (each axis swept with the
+   others fixed, repeated while it improves) within `BUDGET` of the grid.
+3. Check. The workload runs again with the tuned tuple; the report gives the measured time beside
+   the predicted one (the profiled time minus the per-site gains), whose difference is the
+   additivity error.
+
+Families measured: matmul (its pin is the K partition), rmsnorm and log-softmax (row blocks).
+Attention (split stride and tiles) and the sampler keep the tuple's values for now, and the report
+says so. The tuple written is the model's resolved one (every site it has, defaults included, and the
+deployment) with the tuned sites replaced; the model itself is not changed. Engine and trainer load
+the same file (`model.commitment`), so both still select identically; a model of another deployment
+refuses it, so tune with the run's recipe (or pass the run's limits with --model).
 
     python -m detent_rl.tune --recipe recipes/grpo_bf16.yaml --out tuned.json
-    python -m detent_rl.tune --model qwen2-0.5b --device cuda --rows 32:256,4096:1 --max-context 2048 --out t.json
+    python -m detent_rl.tune --model qwen2-0.5b --device cuda --prompts 32 --prompt-len 200 --new-tokens 256 --out t.json
 """
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
 from detent_rl.kernels.commitment import CommitmentTuple, SiteCommitment
+from detent_rl.kernels.log_softmax import token_logprobs
 from detent_rl.kernels.matmul import launch_params, linear
-from detent_rl.kernels.selections import site_key
-from detent_rl.models.layers import Linear
+from detent_rl.kernels.rmsnorm import rmsnorm
 from detent_rl.models.model import CausalLM
 
+if TYPE_CHECKING:
+    from detent_rl.rollout.engine import Engine
 
-def _time(fn, device: torch.device, repeats: int) -> float:
-    fn()  # warm-up (compiles a Triton variant on the GPU)
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+EXHAUSTIVE = 8  # grids this small are measured whole
+BUDGET = 0.10  # larger grids: at most this share of the candidates is measured
+TUNED = ("matmul", "rmsnorm", "log_softmax")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One RL step's shapes: `prompts` requests of `prompt_len` tokens decoding `new_tokens` each (no
+    stop token), then rescored the trainer's way, `micro_batch` sequences per forward."""
+    prompts: int
+    prompt_len: int
+    new_tokens: int
+    micro_batch: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("prompts", "prompt_len", "new_tokens", "micro_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"workload {name} must be >= 1, got {getattr(self, name)}")
+
+    def engine(self, model: CausalLM) -> "Engine":
+        """An engine for this workload on `model` (its CUDA graphs are captured on its first run)."""
+        from detent_rl.rollout.engine import Engine
+        d = model.selections.deployment
+        if self.prompt_len + self.new_tokens > d.max_context:
+            raise ValueError(f"workload: {self.prompt_len} + {self.new_tokens} tokens exceed the deployment's context "
+                             f"of {d.max_context}")
+        pages = self.prompts * -(-(self.prompt_len + self.new_tokens) // model.page_size) + 8
+        return Engine(model, num_blocks=pages, max_num_seqs=min(self.prompts, d.max_batch, 64))
+
+    def run(self, engine: "Engine") -> float:
+        """Seconds to generate and rescore the workload on `engine` (synchronised on the GPU); its
+        prefix cache is flushed first, so every run does the same work."""
+        from detent_rl.models.runner import completion_logprobs
+        from detent_rl.rollout.sequence import SamplingParams
+        model = engine.model
+        g = torch.Generator().manual_seed(0)
+        prompts = torch.randint(0, model.config.vocab_size, (self.prompts, self.prompt_len), generator=g).tolist()
+        params = [SamplingParams(seed=i, temperature=1.0, max_tokens=self.new_tokens) for i in range(self.prompts)]
+        engine.flush_cache()
+        _sync(model.device)
         t0 = time.perf_counter()
+        seqs = engine.generate(prompts, params)
+        with torch.inference_mode():
+            for i in range(0, len(seqs), self.micro_batch):
+                part = seqs[i:i + self.micro_batch]
+                completion_logprobs(model, [(s.tokens, s.num_prompt) for s in part], [1.0] * len(part))
+        _sync(model.device)
+        return time.perf_counter() - t0
+
+
+@dataclass
+class SiteReport:
+    key: str
+    family: str
+    grid: int  # legal assignments
+    measured: int
+    calls: int  # recorded launches (sum of counts)
+    default: tuple
+    best: tuple
+    default_s: float  # the site's replayed time per workload run, default assignment
+    best_s: float
+    axes: tuple = ()
+
+
+@dataclass
+class TuneReport:
+    sites: list[SiteReport] = field(default_factory=list)
+    untuned: list[str] = field(default_factory=list)  # site keys of families the tuner does not measure
+    profiled_s: float = 0.0  # the workload with the model's tuple
+    measured_s: Optional[float] = None  # the workload with the tuned tuple
+    search_s: float = 0.0
+
+    @property
+    def predicted_s(self) -> float:
+        return self.profiled_s - sum(s.default_s - s.best_s for s in self.sites)
+
+    @property
+    def additivity_error(self) -> Optional[float]:
+        if self.measured_s is None:
+            return None
+        return abs(self.measured_s - self.predicted_s) / self.measured_s
+
+    def render(self) -> str:
+        lines = ["| site | grid | measured | calls | default | tuned | site time default -> tuned |",
+                 "|---|---|---|---|---|---|---|"]
+        for s in self.sites:
+            show = lambda a: ", ".join(f"{k}={v}" for k, v in zip(s.axes, a)) or "-"  # noqa: E731
+            lines.append(f"| {s.key} | {s.grid} | {s.measured} ({s.measured / max(s.grid, 1):.0%}) | {s.calls} | "
+                         f"{show(s.default)} | {show(s.best)} | {s.default_s * 1e3:.3f} -> {s.best_s * 1e3:.3f} ms |")
+        lines.append("")
+        lines.append(f"workload with the profiled tuple: {self.profiled_s:.3f} s; predicted with the tuned one: "
+                     f"{self.predicted_s:.3f} s" + (f"; measured: {self.measured_s:.3f} s (additivity error "
+                                                    f"{self.additivity_error:.1%})" if self.measured_s is not None
+                                                    else ""))
+        if self.untuned:
+            lines.append(f"kept at the tuple's values (not measured by this tuner yet): {', '.join(self.untuned)}")
+        lines.append(f"search: {self.search_s:.1f} s")
+        return "\n".join(lines)
+
+
+def profile(engine: "Engine", workload: Workload) -> tuple[float, dict[str, Counter]]:
+    """(seconds, per site key the Counter of its selector calls' arguments) of one workload run."""
+    with engine.model.selections.recording() as calls:
+        seconds = workload.run(engine)
+    return seconds, {key: c for key, c in calls.items() if c}
+
+
+def search(axes: tuple[str, ...], legal: list[tuple], default: tuple, cost: Callable[[tuple], float]
+           ) -> tuple[tuple, dict[tuple, float]]:
+    """The cheapest legal assignment found and every cost measured. Grids of at most EXHAUSTIVE are
+    measured whole; larger ones by coordinate descent from `default` within BUDGET of the grid."""
+    measured: dict[tuple, float] = {}
+    if len(legal) <= EXHAUSTIVE:
+        for a in legal:
+            measured[a] = cost(a)
+        return min(measured, key=measured.get), measured
+    ok = set(legal)
+    budget = max(EXHAUSTIVE, math.floor(BUDGET * len(legal)))
+    values = [sorted({a[i] for a in legal}, key=repr) for i in range(len(axes))]
+    best = default
+    measured[best] = cost(best)
+    improved = True
+    while improved and len(measured) < budget:
+        improved = False
+        for i in range(len(axes)):
+            for v in values[i]:
+                if len(measured) >= budget:
+                    break
+                a = best[:i] + (v,) + best[i + 1:]
+                if a in measured or a not in ok:
+                    continue
+                measured[a] = cost(a)
+                if measured[a] < measured[best]:
+                    best, improved = a, True
+    return best, measured
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timer(device: torch.device, repeats: int) -> Callable[[Callable[[], Any]], float]:
+    """Seconds per call of a thunk: CUDA-graph replays on the GPU (kernel time without launch
+    overhead, as a graph-replayed step sees it), the median of `repeats` calls on the CPU."""
+    if device.type == "cuda":
+        import triton.testing
+
+        def gpu(fn: Callable[[], Any]) -> float:
+            return triton.testing.do_bench_cudagraph(fn, rep=20) * 1e-3
+        return gpu
+
+    def cpu(fn: Callable[[], Any]) -> float:
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+    return cpu
 
 
-def tune_matmul(model: CausalLM, rows: dict[int, float], repeats: int = 3, log=print,
-                head_rows: Optional[dict[int, float]] = None) -> CommitmentTuple:
-    """A new commitment tuple: the model's resolved one with each matmul site's bucket chosen by
-    weighted time at `rows` (`head_rows` for the LM head, which sees only the rows whose logits are
-    needed). The model and the tuple it was loaded with are left as they were."""
+def _launcher(model: CausalLM, family: str, site: dict, args: tuple, gen: torch.Generator
+              ) -> Callable[[Any], Callable[[], Any]]:
+    """For one recorded call: synthetic inputs of its shapes, and selection -> the kernel launch thunk."""
+    dev, dtype, rows = model.device, model.dtype, args[0]
+    rand = lambda *shape: torch.randn(*shape, generator=gen, device=dev).to(dtype)  # noqa: E731
+    if family == "matmul":
+        x, w = rand(rows, site["k"]), rand(site["n"], site["k"])
+        return lambda s: (lambda: linear(x, w, None, **launch_params(s)))
+    if family == "rmsnorm":
+        x = rand(rows, site.get("hidden", model.config.hidden_size))
+        res, w = torch.randn_like(x), rand(x.shape[1])
+        return lambda s: (lambda: rmsnorm(x, w, 1e-6, block=s.block, num_warps=s.num_warps, residual=res))
+    if family == "log_softmax":
+        logits = rand(rows, model.config.vocab_size)
+        ids = torch.randint(0, model.config.vocab_size, (rows,), generator=gen, device=dev)
+        return lambda s: (lambda: token_logprobs(logits, ids, block=s.block, num_warps=s.num_warps))
+    raise ValueError(f"the tuner does not measure family {family!r}")
+
+
+def tune(model: CausalLM, workload: Workload, *, build: Optional[Callable[[CommitmentTuple], CausalLM]] = None,
+         repeats: int = 5, log: Callable[[str], None] = print) -> tuple[CommitmentTuple, TuneReport]:
+    """A new commitment tuple for `workload`: the model's resolved tuple with every measured site's
+    assignment tuned. `build(tuple)` (optional) makes a model with the tuned tuple, on which the
+    workload runs again to measure the prediction. The model and its tuple are left as they were."""
     sel = model.selections
     if sel.arm != "detent":
         raise ValueError(f"tuning commits pins of the detent arm; this model's arm is {sel.arm}")
-    limit = sel.deployment.max_num_tokens
-    bad = [m for m in [*rows, *(head_rows or {})] if not 1 <= m <= limit]
-    if bad:
-        raise ValueError(f"row counts {bad} are outside the deployment's 1..{limit}")
-    sites: dict[str, torch.Tensor] = {}
-    site_rows: dict[str, dict[int, float]] = {}
-    for module in model.modules():
-        if isinstance(module, Linear):
-            n, k = module.weight.shape
-            key = site_key("matmul", {"n": n, "k": k})
-            sites.setdefault(key, module.weight)
-            if module is model.lm_head and head_rows:  # its own rows (a site shared with a layer keeps both)
-                site_rows[key] = {**site_rows.get(key, {}), **head_rows}
-            else:
-                site_rows[key] = {**rows, **site_rows.get(key, {})}
+    report = TuneReport()
+    engine = workload.engine(model)
+    workload.run(engine)  # warm-up: compiles kernels, captures graphs
+    report.profiled_s, calls = profile(engine, workload)
+    resolved = sel.resolved()
+    timer = _timer(model.device, repeats)
     gen = torch.Generator(device=model.device).manual_seed(0)
     tuned: dict[str, SiteCommitment] = {}
-    for key, w in sorted(sites.items()):
-        n, k = w.shape
-        sol = sel.solution("matmul", n=n, k=k)
-        by_m = {"schedule_by_m": True}  # the schedule follows M; the pin is the K partition
-        chunks = sorted({sol.split(a)[0].get("chunk") for a in sol.legal if sol.split(a)[1] == by_m})
-        xs = {m: torch.randn(m, k, generator=gen, device=model.device).to(w.dtype) for m in site_rows[key]}
-        costs = {}
-        for chunk in chunks:
-            selector = sol.commit({"chunk": chunk} if chunk is not None else {}, by_m)
-            costs[chunk] = sum(weight * _time(lambda m=m: linear(xs[m], w, None, **launch_params(selector(m))),
-                                              model.device, repeats) for m, weight in site_rows[key].items())
-        best = min(costs, key=costs.get)
-        tuned[key] = SiteCommitment({"chunk": best} if best is not None else {}, by_m)
-        log(f"{key}: chunk {best} (one call site's ms per step, by K chunk: "
-            + ", ".join(f"{c}: {t * 1e3:.2f}" for c, t in costs.items()) + ")")
-    return sel.resolved().with_sites(tuned)
+    t0 = time.perf_counter()
+    for key, (family, site) in sorted(sel.sites().items()):
+        if key not in calls:
+            continue
+        sol = sel.solution(family, **site)
+        if family not in TUNED:
+            if len(sol.legal) > 1:
+                report.untuned.append(key)
+            continue
+        if len(sol.legal) <= 1:
+            continue
+        launches = [(_launcher(model, family, site, args, gen), args, n) for args, n in calls[key].items()]
+        entry = resolved.sites[key]
+        default = sol.assignment(dict(entry.pins), dict(entry.knobs))
+
+        def cost(a: tuple, sol=sol, launches=launches) -> float:
+            selector = sol.commit(*sol.split(a))
+            return sum(n * timer(make(selector(*args))) for make, args, n in launches)
+        best, measured = search(sol.axes, sol.legal, default, cost)
+        tuned[key] = SiteCommitment(*sol.split(best))
+        report.sites.append(SiteReport(key, family, len(sol.legal), len(measured), sum(calls[key].values()),
+                                       default, best, measured[default], measured[best], sol.axes))
+        log(f"{key}: {dict(zip(sol.axes, best))} ({len(measured)} of {len(sol.legal)} legal measured; "
+            f"{measured[default] * 1e3:.3f} -> {measured[best] * 1e3:.3f} ms per workload run)")
+    report.search_s = time.perf_counter() - t0
+    out = resolved.with_sites(tuned)
+    if build is not None:
+        engine = workload.engine(build(out))
+        workload.run(engine)  # warm-up
+        report.measured_s = workload.run(engine)
+    return out, report
 
 
-def recipe_rows(recipe_path: str, overrides: list[str]
-                ) -> tuple[CausalLM, dict[int, float], dict[int, float]]:
-    """The recipe's model (as its workers build it), the row counts of one of its steps and those
-    of its LM head."""
+def recipe_workload(recipe_path: str, overrides: list[str]) -> tuple[CausalLM, Workload, Callable]:
+    """The recipe's model (as its workers build it), one of its steps as a workload, and a builder of
+    the same model with another tuple."""
     from detent_rl.config import load_recipe
     from detent_rl.setup import prepare
     recipe = load_recipe(recipe_path, overrides)
     setup = prepare(recipe)
     ro, tr = recipe.rollout, recipe.train
-    seqs = ro.prompts_per_step * ro.samples_per_prompt
     prompt = round(statistics.mean(len(p) for p in setup.prompts.values()))
-    decode = min(ro.max_num_seqs, seqs)
-    micro = min(tr.micro_batch_size, seqs) * (prompt + ro.max_new_tokens)
-    micros = 2.0 * -(-seqs // tr.micro_batch_size)  # rescore + training forward per micro-batch
-    rows = _weights((decode, float(ro.max_new_tokens)),  # one decode step per new token
-                    (min(seqs * prompt, setup.spec.max_num_tokens), 1.0),  # the prefill (no prefix sharing)
-                    (micro, micros))
-    head = _weights((decode, float(ro.max_new_tokens)), (seqs, 1.0),  # decode steps; the prefill's last rows
-                    (min(tr.micro_batch_size, seqs) * ro.max_new_tokens, micros))
-    return setup.spec.load(), rows, head
+    workload = Workload(prompts=ro.prompts_per_step * ro.samples_per_prompt, prompt_len=prompt,
+                        new_tokens=ro.max_new_tokens, micro_batch=tr.micro_batch_size)
+    spec = setup.spec
 
-
-def _weights(*pairs: tuple[int, float]) -> dict[int, float]:
-    out: dict[int, float] = {}
-    for m, w in pairs:  # equal row counts add up
-        out[m] = out.get(m, 0.0) + w
-    return out
+    def build(t: CommitmentTuple) -> CausalLM:
+        from detent_rl.models import load_model
+        from detent_rl.workers import DTYPES
+        return load_model(spec.path, spec.arm, device=spec.device, dtype=DTYPES[spec.dtype], commitment=t,
+                          max_context=spec.max_context, max_batch=spec.max_batch, max_num_tokens=spec.max_num_tokens)
+    return spec.load(), workload, build
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m detent_rl.tune", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--recipe", help="derive the model, limits and row counts from a recipe")
+    ap.add_argument("--recipe", help="derive the model, limits and workload from a recipe")
     ap.add_argument("overrides", nargs="*", help="recipe overrides key.sub=value")
     ap.add_argument("--model", help="a checkpoint directory or built-in name (without --recipe)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    ap.add_argument("--rows", help="M:weight,... row counts of one step and how often each occurs")
+    ap.add_argument("--prompts", type=int, default=8, help="workload: requests (without --recipe)")
+    ap.add_argument("--prompt-len", type=int, default=64, help="workload: prompt tokens per request")
+    ap.add_argument("--new-tokens", type=int, default=32, help="workload: tokens each request decodes")
+    ap.add_argument("--micro-batch", type=int, default=8, help="workload: sequences per trainer forward")
     limits = {"max_context": 4096, "max_batch": 256, "max_num_tokens": 8192}  # load_model's defaults
     for name, default in limits.items():
         ap.add_argument(f"--{name.replace('_', '-')}", type=int,
                         help=f"deployment limit, as the run will have it (without --recipe; default {default})")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5, help="timings per candidate call on the CPU (median)")
+    ap.add_argument("--no-check", action="store_true", help="skip the tuned tuple's workload run (additivity)")
     ap.add_argument("--out", required=True, help="the commitment-tuple JSON to write")
     args = ap.parse_args(argv)
-    head = None
     given = {name: getattr(args, name) for name in limits if getattr(args, name) is not None}
     if args.recipe:
         if given:
             ap.error(f"--recipe sets the deployment limits; {', '.join(given)} cannot be given with it")
-        model, rows, head = recipe_rows(args.recipe, args.overrides)
+        model, workload, build = recipe_workload(args.recipe, args.overrides)
     else:
-        if not args.model or not args.rows:
-            ap.error("give --recipe, or --model and --rows")
+        if not args.model:
+            ap.error("give --recipe, or --model (and the workload's shape)")
         from detent_rl.models import load_model
         from detent_rl.models.builtin import NAMES, builtin_checkpoint
         path = builtin_checkpoint(args.model) if args.model in NAMES else Path(args.model)
-        model = load_model(path, "detent", device=args.device, dtype=getattr(torch, args.dtype),
-                           **{**limits, **given})
-    if args.rows:
+        kw = dict(device=args.device, dtype=getattr(torch, args.dtype), **{**limits, **given})
+        model = load_model(path, "detent", **kw)
         try:
-            rows = {int(m): float(w) for m, w in (item.split(":") for item in args.rows.split(","))}
-        except ValueError:
-            ap.error(f"--rows {args.rows!r}: expected M:weight,... e.g. 16:32,512:1")
+            workload = Workload(args.prompts, args.prompt_len, args.new_tokens, args.micro_batch)
+        except ValueError as e:
+            ap.error(str(e))
+        build = lambda t: load_model(path, "detent", commitment=t, **kw)  # noqa: E731
     if model.device.type == "cpu":
         torch.set_num_threads(1)
-    print(f"tuning matmul sites at rows {rows} (LM head: {head or rows}) on {model.device}")
-    tuple_ = tune_matmul(model, rows, args.repeats, head_rows=head)
+    print(f"tuning for {workload} on {model.device}")
+    tuple_, report = tune(model, workload, build=None if args.no_check else build, repeats=args.repeats)
+    print(report.render())
     tuple_.save(args.out)
     print(f"wrote {args.out} ({len(tuple_.sites)} sites, sha256 {tuple_.sha256()})")
     return 0

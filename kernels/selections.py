@@ -21,8 +21,10 @@ by `resolved()`: that is the tuple a run records, and loading it reproduces the 
 """
 from __future__ import annotations
 
+from collections import Counter
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from detent_rl.kernels.commitment import CommitmentError, CommitmentTuple, SiteCommitment, listed
 from detent_rl.kernels.programs import attention, matmul, rows
@@ -130,6 +132,8 @@ class KernelSelections:
         self.commitment = commitment  # the input, read only; None: the default tuple
         self.cache = cache
         self._selectors: dict[str, Selector] = {}
+        self._sites: dict[str, tuple[str, dict]] = {}  # site key -> (family, site)
+        self._recording: Optional[dict[str, Counter]] = None  # the innermost `recording()`'s counts
         self._solutions: dict[str, Solution] = {}
         self._resolved: dict[str, SiteCommitment] = {}  # site key -> the pins and knobs it runs with
 
@@ -139,7 +143,33 @@ class KernelSelections:
         sel = self._selectors.get(key)
         if sel is None:
             sel = self._selectors[key] = self._build(family, site, key)
+            self._sites[key] = (family, dict(site))
         return sel
+
+    def sites(self) -> dict[str, tuple[str, dict]]:
+        """Every site asked for so far: its key -> (family, site)."""
+        return {key: (family, dict(site)) for key, (family, site) in self._sites.items()}
+
+    @contextmanager
+    def recording(self) -> Iterator[dict[str, Counter]]:
+        """While inside, every site's selector calls are counted by their arguments: the distinct
+        calls of a workload and how often each occurred (the tuner's profile), by site key."""
+        calls = {key: Counter() for key in self._selectors}
+        outer, self._recording = self._recording, calls
+        try:
+            with ExitStack() as stack:
+                for key, selector in self._selectors.items():
+                    stack.enter_context(selector.counting(calls[key]))
+                yield calls
+        finally:
+            self._recording = outer
+
+    def replayed(self, calls: dict[str, Counter]) -> None:
+        """Count `calls` into the active recording (if any) as if made again: a CUDA graph replays the
+        kernels its capture selected without calling the selectors."""
+        if self._recording is not None:
+            for key, counter in calls.items():
+                self._recording[key].update(counter)
 
     def solution(self, family: str, **site: Any) -> Solution:
         """The site's solved selection program (its pins, knobs and legal assignments), solved once."""

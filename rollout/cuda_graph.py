@@ -71,6 +71,7 @@ class DecodeGraphs:
         self.rows = torch.arange(B, dtype=torch.int32, device=dev)
         self.graphs: dict[tuple[int, float | None], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, float | None], object] = {}
+        self.calls: dict[tuple[int, float | None], dict] = {}  # selector calls made by each capture
         self.select_logprobs = model.selections.get("log_softmax")
         self._copied = torch.cuda.Event()
         self.pool = torch.cuda.graph_pool_handle()
@@ -117,9 +118,10 @@ class DecodeGraphs:
             self._forward(b, temperature)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with torch.cuda.graph(graph, pool=self.pool), self.model.selections.recording() as calls:
             self.outputs[key] = self._forward(b, temperature)
         self.graphs[key] = graph
+        self.calls[key] = {site: c for site, c in calls.items() if c}  # what each replay runs
 
     def _padded_size(self, tokens: list[int], positions: list[int], slots: list[int],
                      tables: list[list[int]]) -> int:
@@ -154,6 +156,7 @@ class DecodeGraphs:
 
     def _replay(self, key: tuple[int, float | None]) -> object:
         self.graphs[key].replay()
+        self.model.selections.replayed(self.calls[key])  # a tuner's profile counts the replayed launches
         return self.outputs[key]
 
     @torch.inference_mode()

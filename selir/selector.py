@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import keyword
 import re
-from collections import namedtuple
-from typing import Any, Optional
+from collections import Counter, namedtuple
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
 from detent_rl.selir.codegen import RUNTIME_HELPERS, Emitter, lit
 from detent_rl.selir.errors import SelectionError
@@ -46,6 +47,20 @@ class Selector:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._select(*args, **kwargs)
+
+    @contextmanager
+    def counting(self, counter: Counter) -> Iterator[Counter]:
+        """While inside, count each call's arguments in `counter` (a tuner's profile of a workload)."""
+        select = self._select
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            counter[args + tuple(sorted(kwargs.items()))] += 1
+            return select(*args, **kwargs)
+        self._select = counted
+        try:
+            yield counter
+        finally:
+            self._select = select
 
     def as_dict(self, result: Any) -> dict[str, Any]:
         return dict(zip(self.point_names, result))

@@ -19,7 +19,7 @@ from detent_rl.models.builtin import builtin_checkpoint
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
 from detent_rl.selir import SelIRError
-from detent_rl.tune import tune_matmul
+from detent_rl.tune import Workload, tune
 from test_models import LIMITS, hf_model, save
 
 MM = {"n": 128, "k": 256}  # the tiny model's down projection (K = 256: partitions of one or two chunks)
@@ -133,7 +133,7 @@ def test_building_a_model_and_tuning_leave_the_tuple_as_it_was(tiny, tmp_path):
     model = _load(tiny, t)
     assert model.selections.commitment is t and t.canonical_json() == frozen
     before = model.selections.resolved()
-    tuned = tune_matmul(model, {4: 1.0}, repeats=1, log=lambda _: None)
+    tuned, _ = tune(model, Workload(prompts=2, prompt_len=8, new_tokens=2), repeats=1, log=lambda _: None)
     assert t.canonical_json() == frozen and path.read_text() == text
     assert model.selections.resolved() == before == t  # the model still runs what it was built with
     assert tuned is not t and set(tuned.sites) == set(t.sites)

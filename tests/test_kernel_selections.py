@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import asdict
 
 import pytest
@@ -83,3 +84,20 @@ def test_det_arm_is_one_unsplit_configuration_per_site():
     assert detent.get("matmul", n=1152, k=896)(1) == mm(1) and detent.get("attention")(1, 1, 1, 10) == one
     stock = KernelSelections(QWEN2_05B, "stock").get("attention")
     assert stock(1, 1, 1, 4000).num_splits > 1  # the control: stock splits a long decode
+
+
+def test_recording_counts_every_site_call_and_graph_replays():
+    sel = KernelSelections(QWEN2_05B, "detent")
+    mm, norm = sel.get("matmul", n=896, k=4864), sel.get("rmsnorm")
+    assert sel.sites() == {"matmul[k=4864][n=896]": ("matmul", {"n": 896, "k": 4864}), "rmsnorm": ("rmsnorm", {})}
+    with sel.recording() as calls:
+        mm(3), mm(3), norm(7)
+        with sel.recording() as captured:  # a CUDA-graph capture records what its replays will run
+            mm(16)
+        sel.replayed(captured)  # ... and each replay counts it again without calling the selector
+        sel.replayed(captured)
+    assert calls == {"matmul[k=4864][n=896]": Counter({(3,): 2, (16,): 3}), "rmsnorm": Counter({(7,): 1})}
+    mm(5)  # outside: nothing counted, the selector's own path restored
+    sel.replayed(captured)
+    assert calls["matmul[k=4864][n=896]"][(5,)] == 0 and calls["matmul[k=4864][n=896]"][(16,)] == 3
+    assert mm(5) == sel.get("matmul", n=896, k=4864)(5)

@@ -1,5 +1,7 @@
-"""The tuner: every matmul site gets a legal K partition from timing, the tuple loads in engine and
-trainer alike, and the tuned engine keeps its invariance (rollout == rescore, alone == batched)."""
+"""The tuner: a workload profiled, every measured site given a legal assignment from timing (small
+grids whole, large ones by coordinate descent within a tenth of the grid), the prediction checked
+by running the workload again; the tuple loads in engine and trainer alike, and the tuned engine
+keeps its invariance (rollout == rescore, alone == batched)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +14,7 @@ from detent_rl.models import load_model
 from detent_rl.models.layers import Linear
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
-from detent_rl.tune import main, tune_matmul
+from detent_rl.tune import BUDGET, Workload, main, search, tune
 from test_models import LIMITS, hf_model, save, sequences
 
 
@@ -21,9 +23,17 @@ def test_tuned_tuple_is_legal_loadable_and_keeps_invariance(tmp_path):
     model = load_model(path, "detent", dtype=torch.float32, **LIMITS)
     before = model.selections.resolved()
     lines = []
-    tuned = tune_matmul(model, {4: 8.0, 100: 1.0}, repeats=1, log=lines.append, head_rows={4: 9.0})
+    build = lambda t: load_model(path, "detent", dtype=torch.float32, commitment=t, **LIMITS)  # noqa: E731
+    tuned, report = tune(model, Workload(prompts=3, prompt_len=20, new_tokens=5, micro_batch=2), build=build,
+                         repeats=1, log=lines.append)
     matmul_sites = {k for k in tuned.sites if k.startswith("matmul")}
-    assert matmul_sites and len(lines) == len(matmul_sites)
+    measured = {r.key for r in report.sites}
+    assert matmul_sites <= measured | {k for k in matmul_sites if len(model.selections.solution(
+        "matmul", **model.selections.sites()[k][1]).legal) <= 1}
+    assert len(lines) == len(report.sites) and all(r.measured == r.grid for r in report.sites)  # small grids: whole
+    assert all(r.calls > 0 for r in report.sites)
+    assert report.measured_s is not None and report.additivity_error is not None
+    assert report.untuned == ["attention"] and "attention" in report.render()
     for n, k in {tuple(m.weight.shape) for m in model.modules() if isinstance(m, Linear)}:
         sol = model.selections.solution("matmul", n=n, k=k)  # a legal partition (none where K is one chunk)
         assert tuned.sites[f"matmul[k={k}][n={n}]"].pins.get("chunk") in sol.candidates.get("chunk", (None,))
@@ -43,28 +53,46 @@ def test_tuned_tuple_is_legal_loadable_and_keeps_invariance(tmp_path):
         assert Engine(again, num_blocks=32).rescore(b) == b.logprobs
 
 
+def test_search_measures_a_tenth_of_a_large_grid_and_reaches_the_separable_optimum():
+    axes = ("a", "b", "c")
+    legal = [(a, b, c) for a in range(8) for b in range(6) for c in range(5) if (a + b) % 7 != 3]  # holes
+    target = (5, 2, 4)
+    cost = lambda x: sum((v - t) ** 2 for v, t in zip(x, target)) + 1.0  # noqa: E731
+    calls = []
+    best, measured = search(axes, legal, (0, 0, 0), lambda x: calls.append(x) or cost(x))
+    assert best == target and len(measured) == len(calls) <= BUDGET * len(legal)
+    assert set(measured) <= set(legal)  # only legal candidates are measured
+    # a small grid is measured whole; the exhaustive best
+    small = legal[:6]
+    best, measured = search(axes, small, small[0], cost)
+    assert len(measured) == 6 and best == min(small, key=cost)
+
+
 def test_cli_and_its_errors(tmp_path, capsys):
     path = save(hf_model("qwen2"), tmp_path / "m")
     out = tmp_path / "t.json"
-    assert main(["--model", str(path), "--dtype", "float32", "--rows", "4:2,64:1", "--repeats", "1",
+    shape = ["--prompts", "2", "--prompt-len", "12", "--new-tokens", "3", "--repeats", "1"]
+    assert main(["--model", str(path), "--dtype", "float32", *shape, "--no-check", "--max-context", "4096",
                  "--out", str(out)]) == 0
     assert any(k.startswith("matmul") for k in json.loads(out.read_text())["sites"])
-    assert f"sha256 {CommitmentTuple.load(out).sha256()}" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert f"sha256 {CommitmentTuple.load(out).sha256()}" in text and "| site | grid | measured |" in text
     # tuned for the default limits: a run with other limits refuses it; tuned with the run's, it loads
     with pytest.raises(CommitmentError, match="deployment: max_context: tuple 4096, model 256; max_batch: tuple 256, "
                                               "model 16; max_num_tokens: tuple 8192, model 512 "):
         load_model(path, "detent", dtype=torch.float32, commitment=CommitmentTuple.load(out), **LIMITS)
-    assert main(["--model", str(path), "--dtype", "float32", "--rows", "4:1", "--repeats", "1", "--out", str(out),
+    assert main(["--model", str(path), "--dtype", "float32", *shape, "--out", str(out),
                  *(f"--{k.replace('_', '-')}={v}" for k, v in LIMITS.items())]) == 0
+    assert "additivity error" in capsys.readouterr().out
     load_model(path, "detent", dtype=torch.float32, commitment=CommitmentTuple.load(out), **LIMITS)
     with pytest.raises(SystemExit):
-        main(["--model", str(path), "--rows", "4-2", "--out", str(out)])
-    assert "expected M:weight" in capsys.readouterr().err
+        main(["--model", str(path), "--prompts", "0", "--out", str(out)])
+    assert "workload prompts must be >= 1, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--recipe", "r.yaml", "--max-batch", "8", "--out", str(out)])
     assert "--recipe sets the deployment limits; max_batch cannot be given with it" in capsys.readouterr().err
     stock = load_model(path, "stock", dtype=torch.float32, **LIMITS)
     with pytest.raises(ValueError, match="detent arm"):
-        tune_matmul(stock, {4: 1.0})
-    with pytest.raises(ValueError, match="outside the deployment"):
-        tune_matmul(load_model(path, "detent", dtype=torch.float32, **LIMITS), {100000: 1.0})
+        tune(stock, Workload(1, 4, 1))
+    with pytest.raises(ValueError, match="exceed the deployment's context of 256"):
+        tune(load_model(path, "detent", dtype=torch.float32, **LIMITS), Workload(1, 250, 10))
