@@ -14,9 +14,11 @@
    the predicted one (the profiled time minus the per-site gains), whose difference is the
    additivity error.
 
-Families measured: matmul (its pin is the K partition), rmsnorm and log-softmax (row blocks).
-Attention (split stride and tiles) and the sampler keep the tuple's values for now, and the report
-says so. The tuple written is the model's resolved one (every site it has, defaults included, and the
+Families measured: matmul (its pin is the K partition), rmsnorm and log-softmax (row blocks), and
+attention (split size and stride; a recorded call is replayed as a step of its shape over random
+keys already in the cache). A site with more than MAX_CALLS distinct calls (decode: one per KV
+length) is replayed through MAX_CALLS of them, evenly spaced, each weighted by the calls it stands
+for. The sampler and the elementwise ops have nothing to choose. The tuple written is the model's resolved one (every site it has, defaults included, and the
 deployment) with the tuned sites replaced; the model itself is not changed. Engine and trainer load
 the same file (`model.commitment`), so both still select identically; a model of another deployment
 refuses it, so tune with the run's recipe (or pass the run's limits with --model).
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
+from detent_rl.kernels.attention import attn_meta, paged_attention
 from detent_rl.kernels.commitment import CommitmentTuple, SiteCommitment
 from detent_rl.kernels.log_softmax import token_logprobs
 from detent_rl.kernels.matmul import launch_params, linear
@@ -49,7 +52,8 @@ if TYPE_CHECKING:
 
 EXHAUSTIVE = 8  # grids this small are measured whole
 BUDGET = 0.10  # larger grids: at most this share of the candidates is measured
-TUNED = ("matmul", "rmsnorm", "log_softmax")
+MAX_CALLS = 12  # distinct calls replayed per candidate; more are thinned to this many, weights kept
+TUNED = ("matmul", "rmsnorm", "log_softmax", "attention")
 
 
 @dataclass(frozen=True)
@@ -226,7 +230,47 @@ def _launcher(model: CausalLM, family: str, site: dict, args: tuple, gen: torch.
         logits = rand(rows, model.config.vocab_size)
         ids = torch.randint(0, model.config.vocab_size, (rows,), generator=gen, device=dev)
         return lambda s: (lambda: token_logprobs(logits, ids, block=s.block, num_warps=s.num_warps))
+    if family == "attention":
+        return _attention_launcher(model, args, rand)
     raise ValueError(f"the tuner does not measure family {family!r}")
+
+
+def _attention_launcher(model: CausalLM, args: tuple, rand: Callable) -> Callable[[Any], Callable[[], Any]]:
+    """A step of the recorded shape (batch, longest query, tokens, longest KV): in decode every
+    sequence at the longest KV; in prefill the longest query at the longest KV, the other tokens
+    spread over the other sequences from position 0. Keys already in the cache (random)."""
+    batch, max_q, tokens, max_k = args
+    c, page = model.config, model.page_size
+    rest = tokens - max_q
+    others = [rest // (batch - 1) + (i < rest % (batch - 1)) for i in range(batch - 1)] if batch > 1 else []
+    q_lens = [max_q] + others
+    cached = [max_k - n for n in q_lens] if max_q == 1 else [max_k - max_q] + [0] * len(others)
+    pages = [-(-(k + n) // page) for k, n in zip(cached, q_lens)]
+    table = torch.zeros(batch, max(pages), dtype=torch.int32)
+    at = 0
+    for i, n in enumerate(pages):
+        table[i, :n] = torch.arange(at, at + n, dtype=torch.int32)
+        at += n
+    table = table.to(model.device)
+    k_cache, v_cache = (rand(at, page, c.num_key_value_heads, c.head_dim) for _ in range(2))
+    q = rand(tokens, c.num_attention_heads, c.head_dim)
+
+    def make(s: Any) -> Callable[[], Any]:
+        meta = attn_meta(q_lens, cached, table, s.block_m)
+        return lambda: paged_attention(q, k_cache, v_cache, meta, scale=c.head_dim ** -0.5, block_n=s.block_n,
+                                       split_size=s.split_size, num_splits=s.num_splits, num_warps=s.num_warps,
+                                       num_stages=s.num_stages)
+    return make
+
+
+def _thinned(calls: Counter) -> list[tuple[tuple, float]]:
+    """At most MAX_CALLS (args, weight) pairs standing for `calls`: evenly spaced over the sorted
+    distinct calls, each weighted by the counts of the stretch it stands for (the total is kept)."""
+    items = sorted(calls.items())
+    if len(items) <= MAX_CALLS:
+        return [(a, float(n)) for a, n in items]
+    edges = [round(i * len(items) / MAX_CALLS) for i in range(MAX_CALLS + 1)]
+    return [(items[(lo + hi) // 2][0], float(sum(n for _, n in items[lo:hi]))) for lo, hi in zip(edges, edges[1:])]
 
 
 def tune(model: CausalLM, workload: Workload, *, build: Optional[Callable[[CommitmentTuple], CausalLM]] = None,
@@ -256,7 +300,7 @@ def tune(model: CausalLM, workload: Workload, *, build: Optional[Callable[[Commi
             continue
         if len(sol.legal) <= 1:
             continue
-        launches = [(_launcher(model, family, site, args, gen), args, n) for args, n in calls[key].items()]
+        launches = [(_launcher(model, family, site, args, gen), args, n) for args, n in _thinned(calls[key])]
         entry = resolved.sites[key]
         default = sol.assignment(dict(entry.pins), dict(entry.knobs))
 

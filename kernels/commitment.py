@@ -6,7 +6,7 @@ solver's defaults for sites the tuple leaves out) in its own state and hands the
 file is JSON:
 
     {"deployment": {"num_heads": 14, ..., "max_num_tokens": 8192, ...},     # asdict(Deployment)
-     "sites": {"matmul[k=896][n=1152]": {"pins": {"bucket": 64}, "knobs": {"pad_m": 1}}, ...}}
+     "sites": {"matmul[k=4864][n=896]": {"pins": {"chunk": 640}, "knobs": {"schedule_by_m": true}}, ...}}
 
 The recorded deployment is what the pins were chosen for; loading the tuple into a model of another
 deployment is refused, naming each differing fact, and so is a tuple that records none. `sha256()`

@@ -65,7 +65,7 @@ def test_the_report_shows_the_resolved_commitment_tuple_and_its_hash(tmp_path):
     from detent_rl.kernels.commitment import CommitmentTuple
     _fake_run(tmp_path, mismatching=False)
     assert "not recorded (no commitment.json" in R.write_report(tmp_path).read_text()
-    tuple_ = CommitmentTuple({"matmul[k=8][n=16]": {"pins": {"bucket": 16}, "knobs": {"pad_m": 1}}},
+    tuple_ = CommitmentTuple({"matmul[k=8][n=16]": {"pins": {"chunk": 128}, "knobs": {"schedule_by_m": True}}},
                              deployment={"hidden": 8})
     tuple_.save(tmp_path / R.COMMITMENT_FILE)
     page = R.write_report(tmp_path).read_text()
