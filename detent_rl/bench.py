@@ -1,0 +1,356 @@
+"""`python -m detent_rl.bench`: the rollout arms side by side, in one process, on the same weights and prompts.
+
+Each arm — stock (cuBLAS linears, CUDA-graph decode with the selection fixed at capture: what a fast
+non-invariant engine does), detent (the default tuple, or --commitment FILE) and det (one
+conservative configuration per op) — loads the same checkpoint and runs the same cases; every ratio
+is an arm's time over stock's in this run. Cases:
+
+- `decode-1`, `decode-32`: batch 1 and 32, 128-token prompts, greedy; ms per decode step =
+  (T(N new tokens) - T(1)) / (N - 1), so the prefill is left out. Batch 1 also gives the % of the HBM
+  roofline: the weights' bytes over the copy bandwidth measured in this run, over the step.
+- `poisson`: a seeded trace of requests (prompts 64-512 tokens, outputs 32-256, T = 1) arriving as a
+  Poisson process at `--load` x stock's offline rate (the trace run all at once, as the paper sets its
+  loads); a request's latency per output token = (finish - arrival) / its output tokens: p50/p90/p99.
+- `grpo`: the GRPO-shaped batch, 32 prompts x 8 samples, 200-token prompts, 256 new tokens, T = 1:
+  output tokens per second.
+- `long`: batch 2, 12,000-token prompts: ms per decode step.
+- `gemm` (CUDA only): every linear site of the model against cuBLAS at M = 1 ... 8,192, CUDA-graph
+  replays: the detent default's and det's ratios.
+
+    python -m detent_rl.bench --model qwen2-0.5b --out runs/bench_05b
+    python -m detent_rl.bench --model qwen2-1.5b --cases decode-1,decode-32,long --out runs/bench_15b
+
+Writes `bench.md` (the tables), `bench.json` and `bench.png` (time over stock per case) to --out.
+`--quick` shrinks every case (a smoke test, e.g. on the CPU with `--model tiny`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from detent_rl.kernels.commitment import CommitmentTuple
+from detent_rl.kernels.matmul import launch_params, linear, stock_linear
+from detent_rl.models.layers import Linear
+from detent_rl.models.model import CausalLM
+from detent_rl.rollout.engine import Engine
+from detent_rl.rollout.sequence import SamplingParams
+
+ARMS = ("stock", "detent", "det")
+CASES = ("decode-1", "decode-32", "poisson", "grpo", "long", "gemm")
+GEMM_MS = (1, 8, 32, 128, 512, 2048, 8192)
+
+
+@dataclass(frozen=True)
+class Shapes:
+    decode_prompt: int = 128
+    decode_new: int = 128
+    poisson_requests: int = 64
+    poisson_prompt: tuple[int, int] = (64, 512)
+    poisson_new: tuple[int, int] = (32, 256)
+    grpo: tuple[int, int, int, int] = (32, 8, 200, 256)  # prompts, samples, prompt tokens, new tokens
+    long: tuple[int, int, int] = (2, 12000, 64)  # batch, prompt tokens, new tokens
+    repeats: int = 3
+
+
+QUICK = Shapes(decode_prompt=16, decode_new=6, poisson_requests=6, poisson_prompt=(4, 24), poisson_new=(2, 6),
+               grpo=(2, 2, 12, 6), long=(2, 96, 4), repeats=1)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n, length), generator=g).tolist()
+
+
+def _median_time(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
+    fn()  # warm-up: Triton compiles, graph captures
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
+    """Bytes per second a device-to-device copy moves (read + write), the HBM roofline's bandwidth."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    seconds = _median_time(lambda: dst.copy_(src), device, 5)
+    return 2 * nbytes / seconds
+
+
+def weight_bytes(model: CausalLM) -> int:
+    """Bytes a decode step reads at least once: every parameter (a tied matrix once)."""
+    seen = {}
+    for p in model.parameters():
+        seen[p.data_ptr()] = p.numel() * p.element_size()
+    return sum(seen.values())
+
+
+class Bench:
+    def __init__(self, model: CausalLM, shapes: Shapes) -> None:
+        self.model, self.shapes, self.vocab = model, shapes, model.config.vocab_size
+        self.device = model.device
+
+    def _engine(self, sequences: int, tokens: int, batch: int) -> Engine:
+        pages = sequences * -(-tokens // self.model.page_size) + 8
+        return Engine(self.model, num_blocks=pages, max_num_seqs=min(batch, self.model.selections.deployment.max_batch))
+
+    def _run(self, engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> list:
+        engine.flush_cache()  # every run prefills its prompts
+        return engine.generate(prompts, params)
+
+    def decode(self, batch: int, prompt: int, new: int) -> dict:
+        """ms per decode step at `batch`: the N-token run minus the 1-token run, over N - 1 steps."""
+        prompts = _prompts(batch, prompt, self.vocab, seed=batch)
+        engine = self._engine(batch, prompt + new, batch)
+        runs = {}
+        for n in (1, new):
+            params = [SamplingParams(seed=i, temperature=0.0, max_tokens=n) for i in range(batch)]
+            runs[n] = _median_time(lambda: self._run(engine, prompts, params), self.device, self.shapes.repeats)
+        return {"ms_per_step": 1e3 * (runs[new] - runs[1]) / (new - 1)}
+
+    def poisson(self, arrivals: list[float], trace: list[tuple[list[int], SamplingParams]]) -> dict:
+        """Serve the trace online, each request added at its arrival time; latency per output token."""
+        longest = max(len(p) + sp.max_tokens for p, sp in trace)
+        engine = self._engine(len(trace), longest, 64)
+        self._run(engine, [p for p, _ in trace], [sp for _, sp in trace])  # warm-up: every graph size captured
+        engine.flush_cache()
+        order = sorted(range(len(trace)), key=lambda i: arrivals[i])
+        seqs, finished, at = {}, {}, 0
+        t0 = time.perf_counter()
+        while at < len(order) or not engine.idle:
+            now = time.perf_counter() - t0
+            while at < len(order) and arrivals[order[at]] <= now:
+                i = order[at]
+                seqs[engine.add(*trace[i]).seq_id] = i
+                at += 1
+            if engine.idle:
+                time.sleep(max(0.0, arrivals[order[at]] - now))
+                continue
+            for s in engine.step():
+                finished[seqs[s.seq_id]] = (time.perf_counter() - t0, len(s.completion))
+        per_token = sorted((end - arrivals[i]) / n for i, (end, n) in finished.items())
+        pick = lambda q: 1e3 * per_token[min(len(per_token) - 1, int(q * len(per_token)))]  # noqa: E731
+        return {"p50_ms": pick(0.5), "p90_ms": pick(0.9), "p99_ms": pick(0.99),
+                "wall_s": max(end for end, _ in finished.values())}
+
+    def offline(self, trace: list[tuple[list[int], SamplingParams]]) -> float:
+        """Seconds to serve the whole trace submitted at once."""
+        longest = max(len(p) + sp.max_tokens for p, sp in trace)
+        engine = self._engine(len(trace), longest, 64)
+        return _median_time(lambda: self._run(engine, [p for p, _ in trace], [sp for _, sp in trace]),
+                            self.device, 1)
+
+    def grpo(self, prompts: int, samples: int, prompt: int, new: int) -> dict:
+        group = _prompts(prompts, prompt, self.vocab, seed=7)
+        batch = [p for p in group for _ in range(samples)]
+        params = [SamplingParams(seed=i, temperature=1.0, max_tokens=new) for i in range(len(batch))]
+        engine = self._engine(len(batch), prompt + new, len(batch))  # the whole group batch at once
+        seconds = _median_time(lambda: self._run(engine, batch, params), self.device, self.shapes.repeats)
+        return {"tok_per_s": len(batch) * new / seconds, "wall_s": seconds}
+
+    def gemm(self) -> list[dict]:
+        """Each linear site against cuBLAS: CUDA-graph replays, µs per call (CUDA only)."""
+        import triton.testing
+        bench = lambda fn: triton.testing.do_bench_cudagraph(fn, rep=20) * 1e3  # noqa: E731
+        sel = self.model.selections
+        rows, seen = [], set()
+        limit = sel.deployment.max_num_tokens
+        for module in self.model.modules():
+            if not isinstance(module, Linear) or tuple(module.weight.shape) in seen:
+                continue
+            w = module.weight
+            seen.add(tuple(w.shape))
+            n, k = w.shape
+            selector = sel.get("matmul", n=n, k=k)
+            for m in (m for m in GEMM_MS if m <= limit):
+                x = torch.randn(m, k, device=w.device).to(w.dtype)
+                cublas = bench(lambda: stock_linear(x, w))
+                ours = bench(lambda: linear(x, w, None, **launch_params(selector(m))))
+                rows.append({"site": f"{k}->{n}", "m": m, "cublas_us": cublas, "ratio": ours / cublas,
+                             "chunk": selector(m).chunk})
+        return rows
+
+
+def trace_of(shapes: Shapes, vocab: int) -> list[tuple[list[int], SamplingParams]]:
+    rng = random.Random(11)
+    return [([rng.randrange(vocab) for _ in range(rng.randint(*shapes.poisson_prompt))],
+             SamplingParams(seed=100 + i, temperature=1.0, max_tokens=rng.randint(*shapes.poisson_new)))
+            for i in range(shapes.poisson_requests)]
+
+
+def poisson_arrivals(n: int, rate: float, seed: int = 3) -> list[float]:
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+def run(load: Callable[[str], CausalLM], cases: list[str], shapes: Shapes, load_factor: float,
+        log: Callable[[str], None] = print) -> dict:
+    """Every case in every arm; the results by case and arm (with the run's facts)."""
+    results: dict[str, Any] = {"cases": {c: {} for c in cases}}
+    arrivals = None
+    for arm in ARMS:
+        model = load(arm)
+        b = Bench(model, shapes)
+        if arm == "stock":
+            results["device"] = torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"
+            nbytes = 1 << 30 if model.device.type == "cuda" else 1 << 27
+            results["copy_bandwidth_gbs"] = copy_bandwidth(model.device, nbytes) / 1e9
+            results["weight_bytes"] = weight_bytes(model)
+        for case in cases:
+            log(f"{arm}: {case}")
+            if case == "decode-1":
+                r = b.decode(1, shapes.decode_prompt, shapes.decode_new)
+                roofline_ms = 1e3 * results["weight_bytes"] / (results["copy_bandwidth_gbs"] * 1e9)
+                r["roofline_pct"] = 100 * roofline_ms / r["ms_per_step"] if r["ms_per_step"] > 0 else float("nan")
+            elif case == "decode-32":
+                r = b.decode(min(32, model.selections.deployment.max_batch), shapes.decode_prompt, shapes.decode_new)
+            elif case == "poisson":
+                trace = trace_of(shapes, b.vocab)
+                if arrivals is None:  # the load is set by stock's offline rate
+                    rate = load_factor * len(trace) / b.offline(trace)
+                    arrivals = poisson_arrivals(len(trace), rate)
+                    results["poisson_rate_per_s"] = rate
+                r = b.poisson(arrivals, trace)
+            elif case == "grpo":
+                r = b.grpo(*shapes.grpo)
+            elif case == "long":
+                batch, prompt, new = shapes.long
+                r = b.decode(batch, prompt, new)
+            elif case == "gemm":
+                if model.device.type != "cuda" or arm == "stock":
+                    continue
+                r = {"sites": b.gemm()}
+            results["cases"][case][arm] = r
+        del b, model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return results
+
+
+MAIN_METRIC = {"decode-1": "ms_per_step", "decode-32": "ms_per_step", "poisson": "p50_ms", "long": "ms_per_step"}
+
+
+def render(results: dict) -> str:
+    out = [f"device {results['device']}; copy bandwidth {results['copy_bandwidth_gbs']:.0f} GB/s (read + write); "
+           f"weights {results['weight_bytes'] / 1e9:.3f} GB", "",
+           "| case | arm | result | time vs stock |", "|---|---|---|---|"]
+    for case, arms in results["cases"].items():
+        if case == "gemm":
+            continue
+        stock = arms.get("stock", {})
+        for arm, r in arms.items():
+            if case == "grpo":
+                text = f"{r['tok_per_s']:,.0f} tok/s"
+                ratio = stock["tok_per_s"] / r["tok_per_s"]
+            elif case == "poisson":
+                text = f"p50 {r['p50_ms']:.2f} / p90 {r['p90_ms']:.2f} / p99 {r['p99_ms']:.2f} ms per output token"
+                ratio = r["p50_ms"] / stock["p50_ms"]
+            else:
+                text = f"{r['ms_per_step']:.3f} ms/step" + (f", {r['roofline_pct']:.0f} % of roofline"
+                                                            if "roofline_pct" in r else "")
+                ratio = r["ms_per_step"] / stock["ms_per_step"]
+            out.append(f"| {case} | {arm} | {text} | {ratio:.2f}x |")
+    gemm = results["cases"].get("gemm", {})
+    if gemm:
+        out += ["", "| site | M | cuBLAS µs | detent default | det |", "|---|---|---|---|---|"]
+        det = {(r["site"], r["m"]): r for r in gemm.get("det", {}).get("sites", [])}
+        for r in gemm.get("detent", {}).get("sites", []):
+            d = det.get((r["site"], r["m"]))
+            out.append(f"| {r['site']} | {r['m']} | {r['cublas_us']:.1f} | {r['ratio']:.2f}x (chunk {r['chunk']}) | "
+                       f"{d['ratio']:.2f}x |" if d else "")
+    return "\n".join(out)
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cases = [c for c in results["cases"] if c != "gemm" and results["cases"][c]]
+    fig, ax = plt.subplots(figsize=(1.6 * len(cases) + 2, 3.5))
+    width = 0.8 / len(ARMS)
+    for j, arm in enumerate(ARMS):
+        ratios = []
+        for c in cases:
+            r, s = results["cases"][c].get(arm), results["cases"][c]["stock"]
+            if c == "grpo":
+                ratios.append(s["tok_per_s"] / r["tok_per_s"])
+            else:
+                key = MAIN_METRIC[c]
+                ratios.append(r[key] / s[key])
+        ax.bar([i + j * width for i in range(len(cases))], ratios, width, label=arm)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + width for i in range(len(cases))], cases)
+    ax.set_ylabel("time vs stock (lower is faster)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m detent_rl.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen2-0.5b", help="a built-in name or an HF checkpoint directory")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    ap.add_argument("--commitment", help="the detent arm's tuple (default: the default tuple)")
+    ap.add_argument("--load", type=float, default=0.5, help="poisson: arrival rate as a share of stock's offline rate")
+    ap.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
+    ap.add_argument("--out", required=True, help="folder for bench.md, bench.json, bench.png")
+    args = ap.parse_args(argv)
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        ap.error(f"--cases: unknown {unknown}; known: {', '.join(CASES)}")
+    if not 0 < args.load <= 1.5:
+        ap.error(f"--load {args.load}: give a share of stock's offline rate in (0, 1.5]")
+    shapes = QUICK if args.quick else Shapes()
+    from detent_rl.models import load_model
+    from detent_rl.models.builtin import NAMES, builtin_checkpoint
+    path = builtin_checkpoint(args.model) if args.model in NAMES else Path(args.model)
+    longest = max(shapes.decode_prompt + shapes.decode_new, shapes.poisson_prompt[1] + shapes.poisson_new[1],
+                  shapes.grpo[2] + shapes.grpo[3], shapes.long[1] + shapes.long[2] if "long" in cases else 0)
+    limits = dict(max_context=longest + 16, max_batch=max(64, shapes.grpo[0] * shapes.grpo[1]),
+                  max_num_tokens=8192)
+    commitment = CommitmentTuple.load(args.commitment) if args.commitment else None
+    load = lambda arm: load_model(path, arm, device=args.device, dtype=getattr(torch, args.dtype),  # noqa: E731
+                                  commitment=commitment if arm == "detent" else None, **limits)
+    results = run(load, cases, shapes, args.load)
+    results.update(model=args.model, dtype=args.dtype, limits=limits, quick=args.quick,
+                   commitment=commitment.sha256() if commitment else None)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = render(results)
+    (out / "bench.md").write_text(text + "\n")
+    (out / "bench.json").write_text(json.dumps(results, indent=1, default=str))
+    plot(results, out / "bench.png")
+    print(text)
+    print(f"wrote {out / 'bench.md'}, bench.json, bench.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""`python -m detent_rl.bench` end to end on the CPU (`--quick`, the tiny model): every arm runs every
+case on the same weights, ratios are to stock's run, the online (Poisson) serving finishes every
+request, and the tables, JSON and plot are written; bad arguments name what is wrong. The figures
+themselves are the H200's (docs/BENCHMARKS.md)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from detent_rl.bench import ARMS, CASES, main, poisson_arrivals
+
+
+def test_quick_bench_runs_every_arm_and_case(tmp_path, capsys):
+    cases = [c for c in CASES if c != "gemm"]  # gemm: CUDA only
+    assert main(["--model", "tiny", "--device", "cpu", "--dtype", "float32", "--quick", "--cases", ",".join(cases),
+                 "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert list(data["cases"]) == cases and all(set(data["cases"][c]) == set(ARMS) for c in cases)
+    assert data["copy_bandwidth_gbs"] > 0 and data["weight_bytes"] > 0 and data["poisson_rate_per_s"] > 0
+    for arm in ARMS:
+        assert data["cases"]["decode-1"][arm]["ms_per_step"] > 0
+        p = data["cases"]["poisson"][arm]
+        assert 0 < p["p50_ms"] <= p["p90_ms"] <= p["p99_ms"]
+        assert data["cases"]["grpo"][arm]["tok_per_s"] > 0
+    table = (tmp_path / "bench.md").read_text()
+    assert table.count("| 1.00x |") >= len(cases)  # stock against itself
+    assert "% of roofline" in table and (tmp_path / "bench.png").stat().st_size > 0
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_arrivals_are_a_seeded_poisson_process_and_bad_arguments_are_refused(tmp_path, capsys):
+    a = poisson_arrivals(2000, rate=4.0)
+    assert a == sorted(a) and a == poisson_arrivals(2000, rate=4.0)
+    assert abs(a[-1] / len(a) - 0.25) < 0.02  # mean gap 1 / rate
+    with pytest.raises(SystemExit):
+        main(["--cases", "decode-1,warp", "--out", str(tmp_path)])
+    assert "--cases: unknown ['warp']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--load", "3", "--out", str(tmp_path)])
+    assert "--load 3.0" in capsys.readouterr().err
