@@ -55,6 +55,8 @@ TARGET_SEED = 20240601
 DEFAULT_STEP_TOKENS = 256
 PAGE_SIZE = 16
 NEGATIVE_CONTROL = "stock"  # the arm whose selection reads the batch: it must fail some cell
+ALL_ARMS = ("stock", "det", "detent")  # `--arm all`; corun is run by name
+CORUN = "corun"  # fixed shapes, no pins: no prefix cache (its cells do not apply), rescore not promised
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # ---------------------------------------------------------------------------------------------
@@ -239,6 +241,14 @@ def verdict(results: Sequence[CellResult]) -> tuple[bool, str]:
                        "selection that reads the batch from a pinned one")
         elif arm == NEGATIVE_CONTROL:
             good.append(f"{arm} fails {len(differ)} of {len(rs)} cells, as the negative control must")
+        elif arm == CORUN:
+            rollout = [c for c in differ if c not in {r.cell for r in rs if r.group == "rescore"}]
+            if rollout:
+                bad.append(f"{arm}: {len(rollout)} of {len(rs)} cells change the target's bits ({_names(rollout)})")
+            else:
+                good.append(f"{arm} passes all {len(rs) - (len(differ) - len(rollout))} rollout cells"
+                            + ("; its rollout and the trainer's prefill differ (rescore), as CoRun's do"
+                               if len(differ) > len(rollout) else ""))
         elif differ:
             bad.append(f"{arm}: {len(differ)} of {len(rs)} cells change the target's bits ({_names(differ)})")
         else:
@@ -253,7 +263,7 @@ def _names(cells: list[str], most: int = 4) -> str:
 
 
 def parse_arms(text: str) -> list[str]:
-    arms = list(ARMS) if text == "all" else [a.strip() for a in text.split(",") if a.strip()]
+    arms = list(ALL_ARMS) if text == "all" else [a.strip() for a in text.split(",") if a.strip()]
     bad = [a for a in arms if a not in ARMS]
     if bad or not arms:
         raise BatteryError(f"unknown arm(s) {bad or [text]}; expected one of {', '.join(ARMS)}, a comma list, or all")
@@ -313,12 +323,13 @@ def _main(args: argparse.Namespace) -> int:
         model = open_model(args.model, arm, args.device, DTYPES[dtype_name])
         battery = Battery(model, args.step_tokens, args.seed)
         arm_results = []
-        for cell in cells:
+        arm_cells = [c for c in cells if not (arm == CORUN and c.group == "prefix")]  # no prefix cache
+        for cell in arm_cells:
             arm_results.append(battery.run_cell(cell))
             print(format_row(arm_results[-1]), flush=True)
         ref = battery.reference_tokens()
         failed = sum(not r.passed for r in arm_results)
-        summary.append(f"{arm}: {len(cells) - failed}/{len(cells)} cells pass, {failed} fail "
+        summary.append(f"{arm}: {len(arm_cells) - failed}/{len(arm_cells)} cells pass, {failed} fail "
                        f"({time.perf_counter() - start:.0f} s; the target's greedy tokens: {len(set(ref))} "
                        f"distinct of {len(ref)})")
         results += arm_results

@@ -1,8 +1,9 @@
 """`python -m detent_rl.bench`: the rollout arms side by side, in one process, on the same weights and prompts.
 
 Each arm — stock (cuBLAS linears, CUDA-graph decode with the selection fixed at capture: what a fast
-non-invariant engine does), detent (the default tuple, or --commitment FILE) and det (one
-conservative configuration per op) — loads the same checkpoint and runs the same cases; every ratio
+non-invariant engine does), detent (the default tuple, or --commitment FILE), det (one
+conservative configuration per op) and corun (stock's kernels held still by fixed shapes: prefill
+alone, decode padded to the maximum concurrency) — loads the same checkpoint and runs the same cases; every ratio
 is an arm's time over stock's in this run. Cases:
 
 - `decode-1`, `decode-32`: batch 1 and 32, 128-token prompts, greedy; ms per decode step =
@@ -45,7 +46,7 @@ from detent_rl.models.model import CausalLM
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
 
-ARMS = ("stock", "detent", "det")
+ARMS = ("stock", "detent", "det", "corun")
 CASES = ("decode-1", "decode-32", "poisson", "grpo", "long", "gemm")
 GEMM_MS = (1, 8, 32, 128, 512, 2048, 8192)
 

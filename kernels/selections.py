@@ -1,7 +1,10 @@
 """The compiled selectors of one deployment in one arm, and the values that pin them.
 
-Three arms. `stock`: the selection programs unpinned, reading the batch as engines ship them (its
-linears do not use the matmul selection at all: they are cuBLAS, `models/layers.py`).
+Four arms. `stock`: the selection programs unpinned, reading the batch as engines ship them (its
+linears do not use the matmul selection at all: they are cuBLAS, `models/layers.py`). `corun` (the
+CoRun paper's): stock's selections and linears, made batch-invariant in the rollout by fixed shapes
+instead of pins — the engine runs each prefill alone and every decode step padded to the
+deployment's maximum concurrency (`rollout/engine.py`).
 `detent`: pinned by the solver to the commitment tuple (`kernels/commitment.py`; the default
 tuple, `detent_default`, where none is given). `det`: one conservative configuration per op, the way the
 engines' deterministic modes work — no split anywhere (attention reduces a row's keys in one split,
@@ -34,7 +37,7 @@ from detent_rl.selir.selector import Selector
 from detent_rl.selir.solution import Solution
 from detent_rl.selir.solver import solve
 
-ARMS = ("stock", "det", "detent")
+ARMS = ("stock", "det", "detent", "corun")
 FAMILIES = {"matmul": matmul.matmul_program, "attention": attention.attention_program,
             "rmsnorm": rows.rmsnorm_program, "log_softmax": rows.log_softmax_program,
             "elementwise": rows.elementwise_program}
@@ -189,8 +192,8 @@ class KernelSelections:
         run (`.save(path)`, `.sha256()`), and loading it into the detent arm runs the same kernels.
         The det arm's is det's assignment (loaded into detent, it runs det's kernels). The stock arm
         pins nothing and has no tuple: CommitmentError."""
-        if self.arm == "stock":
-            raise CommitmentError("the stock arm pins nothing (its selectors read the batch), so it has no "
+        if self.arm in ("stock", "corun"):
+            raise CommitmentError(f"the {self.arm} arm pins nothing (its selectors read the batch), so it has no "
                                   "commitment tuple; check `selections.arm` before asking for one")
         return CommitmentTuple(dict(self._resolved), asdict(self.deployment))
 
@@ -207,7 +210,7 @@ class KernelSelections:
 
     def _build(self, family: str, site: dict, key: str) -> Selector:
         sol = self.solution(family, **site)
-        if self.arm == "stock":
+        if self.arm in ("stock", "corun"):  # corun: the stock selection, made invariant by fixed shapes
             return sol.stock()
         if self.arm == "det":
             facts = self.deployment.facts(family, site)

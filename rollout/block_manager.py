@@ -34,10 +34,13 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    """`prefix_cache=False`: no block is ever shared (every request computes its whole prompt)."""
+
+    def __init__(self, num_blocks: int, block_size: int, prefix_cache: bool = True) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need at least one block of at least one token, got {num_blocks} x {block_size}")
         self.block_size = block_size
+        self.prefix_cache = prefix_cache
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: deque[int] = deque(range(num_blocks))
         self.by_hash: dict[bytes, int] = {}
@@ -69,7 +72,7 @@ class BlockManager:
         for i in range(seq.num_blocks):
             tokens = seq.block_tokens(i)
             full = len(tokens) == self.block_size
-            h = block_hash(tokens, prefix) if full else None
+            h = block_hash(tokens, prefix) if full and self.prefix_cache else None
             cached = self.by_hash.get(h) if h is not None and hit else None
             if cached is not None and self.blocks[cached].tokens == tokens:
                 block = self.blocks[cached]

@@ -40,8 +40,11 @@ def capture_sizes(max_batch: int) -> list[int]:
 class DecodeGraphs:
     """Decode-step graphs of `model` over `caches`; rows past the batch use page `scratch_page`."""
 
-    def __init__(self, model: CausalLM, caches: list[KVCache], scratch_page: int, max_batch: int) -> None:
-        if model.device.type != "cuda":
+    def __init__(self, model: CausalLM, caches: list[KVCache], scratch_page: int, max_batch: int, *,
+                 fixed: bool = False, capture: bool = True) -> None:
+        """`fixed`: every step padded to `max_batch` (the CoRun arm's one decode shape). `capture=False`
+        runs the same padded step eagerly (the CPU, where there are no graphs)."""
+        if capture and model.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA model, got device {model.device}")
         if not 0 <= scratch_page < caches[0][0].shape[0]:
             raise ValueError(f"scratch page {scratch_page} is outside the cache's {caches[0][0].shape[0]} pages")
@@ -49,9 +52,10 @@ class DecodeGraphs:
         self.model, self.caches, self.scratch = model, caches, scratch_page
         self.max_context = d.max_context
         self.max_pages = -(-d.max_context // model.page_size)
-        self.sizes = capture_sizes(max_batch)
+        self.sizes = [max_batch] if fixed else capture_sizes(max_batch)
         self.max_batch = self.sizes[-1]
-        if model.selections.arm != "stock":
+        self.capture = capture
+        if model.selections.arm in ("detent", "det"):
             for b in self.sizes:  # refuse before anything is captured, naming what reads the batch
                 self._check_pinned(b)
         dev, B = model.device, self.max_batch
@@ -62,19 +66,20 @@ class DecodeGraphs:
         self.positions = torch.zeros(B, dtype=torch.int32, device=dev)
         self.temps = torch.ones(B, dtype=torch.float32, device=dev)
         self.block_table = torch.full((B, self.max_pages), scratch_page, dtype=torch.int32, device=dev)
-        self.staged = torch.zeros(4, B, dtype=torch.int64).pin_memory()
-        self.staged_temps = torch.ones(B, dtype=torch.float32).pin_memory()
-        self.staged_table = torch.full((B, self.max_pages), scratch_page, dtype=torch.int32).pin_memory()
-        self.out_tokens = torch.zeros(B, dtype=torch.int64).pin_memory()
-        self.out_logprobs = torch.zeros(B, dtype=torch.float32).pin_memory()
+        pin = (lambda t: t.pin_memory()) if capture else (lambda t: t)  # noqa: E731
+        self.staged = pin(torch.zeros(4, B, dtype=torch.int64))
+        self.staged_temps = pin(torch.ones(B, dtype=torch.float32))
+        self.staged_table = pin(torch.full((B, self.max_pages), scratch_page, dtype=torch.int32))
+        self.out_tokens = pin(torch.zeros(B, dtype=torch.int64))
+        self.out_logprobs = pin(torch.zeros(B, dtype=torch.float32))
         self.cu_q = torch.arange(B + 1, dtype=torch.int32, device=dev)
         self.rows = torch.arange(B, dtype=torch.int32, device=dev)
         self.graphs: dict[tuple[int, float | None], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, float | None], object] = {}
         self.calls: dict[tuple[int, float | None], dict] = {}  # selector calls made by each capture
         self.select_logprobs = model.selections.get("log_softmax")
-        self._copied = torch.cuda.Event()
-        self.pool = torch.cuda.graph_pool_handle()
+        self._copied = torch.cuda.Event() if capture else None
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
 
     def _check_pinned(self, b: int) -> None:
         m = self.model
@@ -137,7 +142,8 @@ class DecodeGraphs:
                seeds: list[int] | None, temps: list[float] | None) -> None:
         """Fill the static inputs of n sequences through the pinned buffers, in one copy each; rows
         n..b-1 (the padding) take token 0 at position 0 in the scratch page."""
-        self._copied.synchronize()  # the previous step's copies have left the pinned buffers
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous step's copies have left the pinned buffers
         n, pad = len(tokens), b - len(tokens)
         longest = max(len(t) for t in tables)
         rows = [tokens + [0] * pad, positions + [0] * pad, slots + [self.scratch * self.model.page_size] * pad,
@@ -152,9 +158,12 @@ class DecodeGraphs:
             self.staged_temps[:n].copy_(torch.tensor(temps, dtype=torch.float32))
             self.staged_temps[n:b] = 1.0
             self.temps[:b].copy_(self.staged_temps[:b], non_blocking=True)
-        self._copied.record()
+        if self._copied is not None:
+            self._copied.record()
 
     def _replay(self, key: tuple[int, float | None]) -> object:
+        if not self.capture:  # the same padded step, run eagerly
+            return self._forward(*key)
         self.graphs[key].replay()
         self.model.selections.replayed(self.calls[key])  # a tuner's profile counts the replayed launches
         return self.outputs[key]
@@ -164,7 +173,7 @@ class DecodeGraphs:
         """Logits [n, vocab] of one decode step: token i at `positions[i]` written to `slots[i]`,
         attending over the pages `tables[i]`. The returned tensor is overwritten by the next replay."""
         b = self._padded_size(tokens, positions, slots, tables)
-        if (b, None) not in self.graphs:
+        if self.capture and (b, None) not in self.graphs:
             self._capture((b, None))
         self._stage(b, tokens, positions, slots, tables, None, None)
         return self._replay((b, None))[:len(tokens)]
@@ -177,11 +186,12 @@ class DecodeGraphs:
         The rows must suit `sample_unfiltered` (the engine checks); one host sync, to read them."""
         n = len(tokens)
         b = self._padded_size(tokens, positions, slots, tables)
-        if (b, temperature) not in self.graphs:
+        if self.capture and (b, temperature) not in self.graphs:
             self._capture((b, temperature))
         self._stage(b, tokens, positions, slots, tables, seeds, temps)
         out_tokens, out_logprobs = self._replay((b, temperature))
         self.out_tokens[:n].copy_(out_tokens[:n], non_blocking=True)
         self.out_logprobs[:n].copy_(out_logprobs[:n], non_blocking=True)
-        torch.cuda.current_stream().synchronize()
+        if self.capture:
+            torch.cuda.current_stream().synchronize()
         return self.out_tokens[:n].tolist(), self.out_logprobs[:n].tolist()

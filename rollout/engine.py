@@ -28,7 +28,16 @@ from detent_rl.rollout.sequence import SamplingParams, Sequence
 class Engine:
     """`cuda_graphs`: replay decode steps from CUDA graphs captured per padded batch size (default:
     on for a CUDA model, in every arm; the stock arm's graphs fix its selection at capture, as stock
-    engines do, and stay batch-dependent: `rollout/cuda_graph.py`)."""
+    engines do, and stay batch-dependent: `rollout/cuda_graph.py`).
+
+    The CoRun arm (`corun`: stock's selections and cuBLAS linears) runs CoRun's fixed shapes instead of
+    pins: each prefill alone and whole (no chunks, no prefix cache; `chunk_size` and `max_num_tokens`
+    do not apply, a prompt must fit the deployment's step), every decode step padded to the
+    deployment's `max_batch` rows, its maximum concurrency (one graph on the GPU, the same padded step
+    eagerly on the CPU), seeded sampling. Its rollout
+    is then batch-invariant, but its decode and the trainer's one-shot prefill still select
+    differently (another attention tile and split, other GEMM shapes), so rescoring does not give the
+    rollout's bits: the trainer would need the rollout's own shapes."""
 
     def __init__(self, model: CausalLM, *, num_blocks: int, max_num_seqs: int | None = None,
                  max_num_tokens: int | None = None, chunk_size: int = 256, cuda_graphs: bool | None = None) -> None:
@@ -43,11 +52,18 @@ class Engine:
         if cuda_graphs is None:
             cuda_graphs = model.device.type == "cuda"
         self.model = model
-        self.blocks = BlockManager(num_blocks, model.page_size)
-        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_tokens, chunk_size)
+        self.corun = model.selections.arm == "corun"
+        self.blocks = BlockManager(num_blocks, model.page_size, prefix_cache=not self.corun)
+        self.scheduler = Scheduler(self.blocks, max_num_seqs, limit if self.corun else max_num_tokens, chunk_size,
+                                   isolated_prefill=self.corun)
         # one page more than the block manager hands out: the scratch page of padded graph rows
         self.caches = model.allocate_kv_cache(num_blocks + 1)
-        self.graphs = DecodeGraphs(model, self.caches, num_blocks, max_num_seqs) if cuda_graphs else None
+        self.graphs = None
+        if cuda_graphs or self.corun:
+            # CoRun's one decode shape is the deployment's maximum concurrency, whatever this engine's slots
+            rows = max_batch if self.corun else max_num_seqs
+            self.graphs = DecodeGraphs(model, self.caches, num_blocks, rows, fixed=self.corun,
+                                       capture=bool(cuda_graphs))
         self._select_logprobs = model.selections.get("log_softmax")
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Sequence]:
@@ -137,7 +153,8 @@ class Engine:
         sampling = [s for s in spans if s.samples]
         dev = logits.device
         p = [s.seq.params for s in sampling]
-        cfg = self._select_logprobs(len(sampling))
+        # a decode step's logprob selection is the one its graph ran at: the padded size
+        cfg = self._select_logprobs(self.graphs.size_for(len(sampling)) if self._graphed(spans) else len(sampling))
         tokens, logprobs = sample(
             logits, torch.tensor([x.seed for x in p], dtype=torch.int64, device=dev),
             torch.tensor([len(s.seq) for s in sampling], dtype=torch.int64, device=dev),

@@ -29,9 +29,15 @@ class Span:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_tokens: int, chunk_size: int) -> None:
+    """`isolated_prefill` (the CoRun arm): a step is either one request's whole prefill, alone, or a
+    decode step of every running sequence — never a mix, never a chunk — so a prefill's shape is its
+    request's own, and a decode step's is the running set's."""
+
+    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_tokens: int, chunk_size: int,
+                 isolated_prefill: bool = False) -> None:
         if max_num_seqs < 1 or max_num_tokens < 1 or chunk_size < 1:
             raise ValueError("max_num_seqs, max_num_tokens and chunk_size must be positive")
+        self.isolated_prefill = isolated_prefill
         self.blocks = blocks
         self.max_num_seqs, self.max_num_tokens, self.chunk_size = max_num_seqs, max_num_tokens, chunk_size
         self.waiting: deque[Sequence] = deque()
@@ -48,6 +54,8 @@ class Scheduler:
         return not self.waiting and not self.running
 
     def schedule(self) -> list[Span]:
+        if self.isolated_prefill:
+            return self._schedule_isolated()
         spans: list[Span] = []
         budget = self.max_num_tokens
         for seq in list(self.running):
@@ -61,15 +69,8 @@ class Scheduler:
                 self.blocks.cache_computed(seq, seq.num_computed + n)
                 budget -= n
                 continue
-            while not self.blocks.can_append(seq):  # free a block by preempting the newest request
-                victim = self.running[-1]
-                self._preempt(victim)
-                spans = [s for s in spans if s.seq is not victim]
-                if victim is seq:
-                    break
+            spans = self._decode(seq, spans)
             if seq.status is Status.RUNNING:
-                self.blocks.may_append(seq)
-                spans.append(Span(seq, len(seq) - 1, 1))
                 budget -= 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
@@ -84,6 +85,34 @@ class Scheduler:
             self.blocks.cache_computed(seq, seq.num_computed + n)  # later admissions may share them
             budget -= n
         return spans
+
+    def _schedule_isolated(self) -> list[Span]:
+        if self.waiting and len(self.running) < self.max_num_seqs and self.blocks.can_allocate(self.waiting[0]):
+            seq = self.waiting.popleft()
+            if len(seq) > self.max_num_tokens:
+                raise ValueError(f"an isolated prefill of {len(seq)} tokens exceeds the step budget "
+                                 f"max_num_tokens {self.max_num_tokens}")
+            self.blocks.allocate(seq)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            return [Span(seq, seq.num_computed, len(seq) - seq.num_computed)]
+        spans: list[Span] = []
+        for seq in list(self.running):
+            if seq.status is Status.RUNNING:
+                spans = self._decode(seq, spans)
+        return spans
+
+    def _decode(self, seq: Sequence, spans: list[Span]) -> list[Span]:
+        """`spans` plus seq's decode span; when the cache is full, the newest requests are preempted
+        (their spans dropped) until seq can grow, seq itself last."""
+        while not self.blocks.can_append(seq):  # free a block by preempting the newest request
+            victim = self.running[-1]
+            self._preempt(victim)
+            spans = [s for s in spans if s.seq is not victim]
+            if victim is seq:
+                return spans
+        self.blocks.may_append(seq)
+        return spans + [Span(seq, len(seq) - 1, 1)]
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -124,6 +124,18 @@ def test_cli_stock_alone_exits_0_only_when_it_fails_a_cell(capsys):
     assert last.startswith("verdict: FAIL: stock (the negative control) passes all 1 cells")
 
 
+def test_cli_corun_passes_rollout_cells_and_is_not_held_to_rescore(capsys):
+    # CoRun's fixed shapes: batch composition and the target's row leave its bits alone (two slots
+    # instead of the default change nothing: decode pads to the deployment's concurrency), prefix cells
+    # do not apply (no prefix cache), and the trainer's one-shot prefill is not promised
+    assert B.main(["--arm", "corun", "--cells", "cobatch-late-join,row-3,prefix-2,rescore"]) == 0
+    text = capsys.readouterr().out
+    assert "prefix-2" not in text.split("verdict")[0].split("first difference")[1]
+    assert text.rstrip().endswith("verdict: OK: corun passes all 2 rollout cells; its rollout and the trainer's "
+                                  "prefill differ (rescore), as CoRun's do")
+    assert B.parse_arms("all") == ["stock", "det", "detent"] and B.parse_arms("corun,stock") == ["corun", "stock"]
+
+
 def test_cli_exit_status_is_nonzero_when_a_pinned_arm_fails(capsys, monkeypatch):
     def differs(ref, got, mode):
         return B.Comparison(mode, 3, "token 1 vs 2")

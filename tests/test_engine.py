@@ -71,6 +71,33 @@ def test_update_weights_in_place_equals_loading_the_new_checkpoint(tmp_path):
         engine.update_weights({"model.layers.0.self_attn.q_proj.weight": torch.zeros(3, 3)}, strict=False)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_corun_rollout_is_batch_invariant_but_the_trainers_prefill_differs(tmp_path, dtype):
+    # the CoRun arm: stock's selections held still by fixed shapes (prefill alone and whole, decode
+    # padded to max_num_seqs): alone, batched, reordered, chunked or budgeted, a request keeps its bits;
+    # the trainer's one-shot prefill selects otherwise than the rollout's decode, so rescore does not
+    model = load_model(save(hf_model("qwen2"), tmp_path), "corun", dtype=dtype, **LIMITS)
+    assert [f for f in _failures(model) if not f.startswith("rescore")] == []
+    # past 64 keys the stock decode reads them in wider tiles than the prefill does: rescore differs
+    long = Engine(model, num_blocks=64).generate([[(7 * i) % VOCAB for i in range(100)]],
+                                                 [SamplingParams(seed=3, temperature=1.0, max_tokens=8)])[0]
+    assert Engine(model, num_blocks=64).rescore(long) != long.logprobs
+    engine = Engine(model, num_blocks=64)
+    assert engine.graphs is not None and engine.graphs.sizes == [16] and not engine.blocks.prefix_cache
+    prompt = [(5 * i) % VOCAB for i in range(40)]
+    first, second = engine.generate([prompt, prompt], [SamplingParams(seed=1, max_tokens=3)] * 2)
+    assert first.num_cached == second.num_cached == 0  # no prefix sharing: a prefill's shape is its own
+
+
+@pytest.mark.gpu
+def test_gpu_corun_rollout_is_batch_invariant_with_its_one_graph(tmp_path):
+    model = load_model(save(hf_model("qwen2"), tmp_path), "corun", device="cuda", dtype=torch.bfloat16, **LIMITS)
+    assert [f for f in _failures(model) if not f.startswith("rescore")] == []
+    engine = Engine(model, num_blocks=64)
+    engine.generate(*_requests(5, seed=2))
+    assert {b for b, _ in engine.graphs.graphs} == {LIMITS["max_batch"]}  # one decode shape
+
+
 def test_stock_arm_fails_the_same_checks(tmp_path):
     model = load_model(save(hf_model("qwen2"), tmp_path), "stock", dtype=torch.float32, **LIMITS)
     assert _failures(model), "negative control: stock selection must change a request's bits"
