@@ -14,7 +14,8 @@
    the predicted one (the profiled time minus the per-site gains), whose difference is the
    additivity error.
 
-Families measured: matmul (its pin is the K partition), rmsnorm and log-softmax (row blocks), and
+Families measured: matmul (its pin is the K partition; its knobs the schedule per M bucket),
+rmsnorm and log-softmax (row blocks), and
 attention (split size and stride; a recorded call is replayed as a step of its shape over random
 keys already in the cache). A site with more than MAX_CALLS distinct calls (decode: one per KV
 length) is replayed through MAX_CALLS of them, evenly spaced, each weighted by the calls it stands

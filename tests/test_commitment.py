@@ -145,7 +145,8 @@ def test_an_honoured_tuple_sets_the_kernels_parameters(tiny, tmp_path):
     matmul_sites = [k for k in resolved.sites if k.startswith("matmul")]
     # the default: the partition a one-row decode gets from the stock selection (two chunks here)
     assert resolved.sites[MM_KEY].pins["chunk"] == 128 and resolved.sites["attention"].pins["split_size"] == 256
-    chosen = {k: SiteCommitment({"chunk": 256} if k == MM_KEY else {}, {"schedule_by_m": False}) for k in matmul_sites}
+    chosen = {k: SiteCommitment({"chunk": 256} if k == MM_KEY else {},
+                                {**resolved.sites[k].knobs, "schedule_by_m": False}) for k in matmul_sites}
     chosen["attention"] = SiteCommitment({"is_decode": True, "split_size": 512}, {"split_stride": 0})
     path = resolved.with_sites(chosen).save(tmp_path / "chosen.json")
     committed = _load(tiny, CommitmentTuple.load(path))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from detent_rl.kernels.matmul import linear, linear_ref
+from detent_rl.kernels.programs.matmul import TILE_CHOICES
 from test_kernels_matmul import _run, _selectors
 
 pytestmark = pytest.mark.gpu
@@ -16,10 +17,11 @@ SHAPES = [(1152, 896, True), (9728, 896, False), (896, 4864, False), (151936, 89
 # (n, k, bias): qkv, o, gate_up, down, LM head of Qwen2-0.5B, then of Qwen2-1.5B
 SITES = [(1152, 896, True), (896, 896, False), (9728, 896, False), (896, 4864, False), (151936, 896, False),
          (2048, 1536, True), (1536, 1536, False), (17920, 1536, False), (1536, 8960, False), (151936, 1536, False)]
-SCHEDULES = [  # parallel, block_m, block_n, block_k, num_warps, num_stages
+SCHEDULES = sorted({  # parallel, block_m, block_n, block_k, num_warps, num_stages: a grid, and every tile knob's choice
     (True, 16, 64, 128, 4, 4), (True, 16, 32, 128, 4, 4), (True, 32, 64, 64, 4, 4), (True, 64, 128, 64, 4, 3),
     (False, 16, 64, 128, 4, 4), (False, 64, 128, 64, 4, 3), (False, 128, 128, 32, 8, 3), (False, 128, 256, 64, 8, 3),
-]
+    *((t.parallel, t.block_m, t.block_n, t.block_k, t.num_warps, t.num_stages)
+      for choices in TILE_CHOICES.values() for t in choices)})
 
 
 def _data(n, k, bias, dtype, rows=2048):

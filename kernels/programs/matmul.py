@@ -14,7 +14,9 @@ pins `chunk` (one partition for every M) and lets the schedule follow M: a small
 pinned chunks in parallel, a large-M call runs them in sequence inside big tiles.
 
 The `schedule_by_m` knob turns that off (the largest bucket's schedule for every M): what the det
-arm runs, the way engines' deterministic modes fix one GEMM config for every batch.
+arm runs, the way engines' deterministic modes fix one GEMM config for every batch. The
+`tile_<bucket>` knobs pick each bucket's schedule among a few (TILE_CHOICES): bit-neutral, so the
+tuner may choose them per site and per M bucket.
 """
 from __future__ import annotations
 
@@ -32,15 +34,26 @@ class GemmSchedule:
     num_stages: int
 
 
-# Rows keyed by the largest M they serve, in increasing order: the H200's best tiles over a grid
-# (bench/matmul_sweep.py, docs/BENCHMARKS.md) for the Qwen2 0.5B/1.5B sites.
-SCHEDULES = {
-    32: GemmSchedule(parallel=True, block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4),
-    128: GemmSchedule(parallel=True, block_m=64, block_n=64, block_k=64, group_m=4, num_warps=4, num_stages=3),
-    512: GemmSchedule(parallel=False, block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=3),
-    2048: GemmSchedule(parallel=False, block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3),
-    8192: GemmSchedule(parallel=False, block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3),
+def _s(parallel: bool, block_m: int, block_n: int, block_k: int, group_m: int, num_warps: int,
+       num_stages: int) -> GemmSchedule:
+    return GemmSchedule(parallel=parallel, block_m=block_m, block_n=block_n, block_k=block_k, group_m=group_m,
+                        num_warps=num_warps, num_stages=num_stages)
+
+
+# Per bucket (the largest M it serves, in increasing order), the schedules a tuner may pick with the
+# bucket's `tile_<bucket>` knob; the first is the default. The defaults are the H200's best tiles over
+# a grid (bench/matmul_sweep.py, docs/BENCHMARKS.md) for the Qwen2 0.5B/1.5B sites; every entry's
+# bit-neutrality is re-measured by tests/test_kernels_matmul_gpu.py.
+TILE_CHOICES = {
+    32: (_s(True, 16, 64, 128, 1, 4, 4), _s(True, 16, 32, 128, 1, 4, 4), _s(False, 16, 64, 128, 1, 4, 4)),
+    128: (_s(True, 64, 64, 64, 4, 4, 3), _s(True, 32, 64, 64, 4, 4, 4), _s(False, 64, 128, 64, 8, 4, 3)),
+    512: (_s(False, 64, 128, 64, 8, 4, 3), _s(False, 128, 128, 64, 8, 8, 3), _s(False, 64, 64, 64, 8, 4, 4)),
+    2048: (_s(False, 128, 128, 64, 8, 8, 3), _s(False, 128, 256, 64, 8, 8, 3), _s(False, 64, 128, 64, 8, 4, 3)),
+    8192: (_s(False, 128, 256, 64, 8, 8, 3), _s(False, 128, 128, 64, 8, 8, 3), _s(False, 128, 128, 32, 8, 8, 3)),
 }
+SCHEDULES = {bucket: choices[0] for bucket, choices in TILE_CHOICES.items()}  # the defaults
+# one flat table for the program: key bucket * 4 + choice
+TILES = {bucket * 4 + i: row for bucket, choices in TILE_CHOICES.items() for i, row in enumerate(choices)}
 CHUNK_ALIGN = 128  # chunks are whole multiples of this: every schedule's BLOCK_K divides it
 
 
@@ -59,12 +72,28 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
                    smem_bytes: Fact[int], dtype_bytes: Fact[int]):
     assume(1 <= m <= max_m)
     by_m = knob("schedule_by_m", (True, False), True)
+    t32 = knob("tile_32", (0, 1, 2), 0)
+    t128 = knob("tile_128", (0, 1, 2), 0)
+    t512 = knob("tile_512", (0, 1, 2), 0)
+    t2048 = knob("tile_2048", (0, 1, 2), 0)
+    t8192 = knob("tile_8192", (0, 1, 2), 0)
     bucket = gemm_bucket(m) if by_m else 8192
-    row = SCHEDULES[bucket]
-    # split-K as decode GEMMs pick it: a reduction longer than the output is wide (K > N), under a
-    # parallel (small-M) schedule, is split until the output tiles fill the SMs; nothing else splits
-    tiles = (m + row.block_m - 1) // row.block_m * ((n + row.block_n - 1) // row.block_n)
-    splits = max(1, min(num_sms // tiles, k // CHUNK_ALIGN)) if row.parallel and k > n else 1
+    choice = t8192
+    if bucket == 32:
+        choice = t32
+    if bucket == 128:
+        choice = t128
+    if bucket == 512:
+        choice = t512
+    if bucket == 2048:
+        choice = t2048
+    row = TILES[bucket * 4 + choice]
+    # split-K as decode GEMMs pick it: a reduction longer than the output is wide (K > N), under the
+    # bucket's default parallel (small-M) schedule, is split until the output tiles fill the SMs; nothing
+    # else splits (the partition does not follow the tile knobs)
+    base = SCHEDULES[bucket]
+    tiles = (m + base.block_m - 1) // base.block_m * ((n + base.block_n - 1) // base.block_n)
+    splits = max(1, min(num_sms // tiles, k // CHUNK_ALIGN)) if base.parallel and k > n else 1
     chunk = ((k + splits - 1) // splits + CHUNK_ALIGN - 1) // CHUNK_ALIGN * CHUNK_ALIGN
     # as Triton's autotuner prunes: no more pipeline stages than shared memory holds (fp32 tiles are twice
     # the bytes of the bf16 ones the table was written for)
