@@ -242,13 +242,14 @@ def verdict(results: Sequence[CellResult]) -> tuple[bool, str]:
         elif arm == NEGATIVE_CONTROL:
             good.append(f"{arm} fails {len(differ)} of {len(rs)} cells, as the negative control must")
         elif arm == CORUN:
-            rollout = [c for c in differ if c not in {r.cell for r in rs if r.group == "rescore"}]
+            rescore = {r.cell for r in rs if r.group == "rescore"}
+            rollout = [c for c in differ if c not in rescore]
             if rollout:
                 bad.append(f"{arm}: {len(rollout)} of {len(rs)} cells change the target's bits ({_names(rollout)})")
             else:
-                good.append(f"{arm} passes all {len(rs) - (len(differ) - len(rollout))} rollout cells"
+                good.append(f"{arm} passes all {len(rs) - len(rescore)} rollout cells"
                             + ("; its rollout and the trainer's prefill differ (rescore), as CoRun's do"
-                               if len(differ) > len(rollout) else ""))
+                               if set(differ) & rescore else ""))
         elif differ:
             bad.append(f"{arm}: {len(differ)} of {len(rs)} cells change the target's bits ({_names(differ)})")
         else:

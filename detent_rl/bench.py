@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -45,6 +43,7 @@ from detent_rl.models.layers import Linear
 from detent_rl.models.model import CausalLM
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
+from detent_rl.timing import graph_seconds, median_seconds
 
 ARMS = ("stock", "detent", "det", "corun")
 CASES = ("decode-1", "decode-32", "poisson", "grpo", "long", "gemm")
@@ -67,33 +66,16 @@ QUICK = Shapes(decode_prompt=16, decode_new=6, poisson_requests=6, poisson_promp
                grpo=(2, 2, 12, 6), long=(2, 96, 4), repeats=1)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (n, length), generator=g).tolist()
-
-
-def _median_time(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
-    fn()  # warm-up: Triton compiles, graph captures
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
     """Bytes per second a device-to-device copy moves (read + write), the HBM roofline's bandwidth."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
     dst = torch.empty_like(src)
-    seconds = _median_time(lambda: dst.copy_(src), device, 5)
+    seconds = median_seconds(lambda: dst.copy_(src), device, 5)
     return 2 * nbytes / seconds
 
 
@@ -111,8 +93,7 @@ class Bench:
         self.device = model.device
 
     def _engine(self, sequences: int, tokens: int, batch: int) -> Engine:
-        pages = sequences * -(-tokens // self.model.page_size) + 8
-        return Engine(self.model, num_blocks=pages, max_num_seqs=min(batch, self.model.selections.deployment.max_batch))
+        return Engine.for_requests(self.model, sequences, tokens, min(batch, self.model.selections.deployment.max_batch))
 
     def _run(self, engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> list:
         engine.flush_cache()  # every run prefills its prompts
@@ -125,7 +106,7 @@ class Bench:
         runs = {}
         for n in (1, new):
             params = [SamplingParams(seed=i, temperature=0.0, max_tokens=n) for i in range(batch)]
-            runs[n] = _median_time(lambda: self._run(engine, prompts, params), self.device, self.shapes.repeats)
+            runs[n] = median_seconds(lambda: self._run(engine, prompts, params), self.device, self.shapes.repeats)
         return {"ms_per_step": 1e3 * (runs[new] - runs[1]) / (new - 1)}
 
     def poisson(self, arrivals: list[float], trace: list[tuple[list[int], SamplingParams]]) -> dict:
@@ -157,7 +138,7 @@ class Bench:
         """Seconds to serve the whole trace submitted at once."""
         longest = max(len(p) + sp.max_tokens for p, sp in trace)
         engine = self._engine(len(trace), longest, 64)
-        return _median_time(lambda: self._run(engine, [p for p, _ in trace], [sp for _, sp in trace]),
+        return median_seconds(lambda: self._run(engine, [p for p, _ in trace], [sp for _, sp in trace]),
                             self.device, 1)
 
     def grpo(self, prompts: int, samples: int, prompt: int, new: int) -> dict:
@@ -165,13 +146,12 @@ class Bench:
         batch = [p for p in group for _ in range(samples)]
         params = [SamplingParams(seed=i, temperature=1.0, max_tokens=new) for i in range(len(batch))]
         engine = self._engine(len(batch), prompt + new, len(batch))  # the whole group batch at once
-        seconds = _median_time(lambda: self._run(engine, batch, params), self.device, self.shapes.repeats)
+        seconds = median_seconds(lambda: self._run(engine, batch, params), self.device, self.shapes.repeats)
         return {"tok_per_s": len(batch) * new / seconds, "wall_s": seconds}
 
     def gemm(self) -> list[dict]:
         """Each linear site against cuBLAS: CUDA-graph replays, µs per call (CUDA only)."""
-        import triton.testing
-        bench = lambda fn: triton.testing.do_bench_cudagraph(fn, rep=20) * 1e3  # noqa: E731
+        bench = lambda fn: graph_seconds(fn) * 1e6  # noqa: E731
         sel = self.model.selections
         rows, seen = [], set()
         limit = sel.deployment.max_num_tokens
@@ -254,6 +234,13 @@ def run(load: Callable[[str], CausalLM], cases: list[str], shapes: Shapes, load_
 MAIN_METRIC = {"decode-1": "ms_per_step", "decode-32": "ms_per_step", "poisson": "p50_ms", "long": "ms_per_step"}
 
 
+def time_vs_stock(case: str, r: dict, stock: dict) -> float:
+    """An arm's time over stock's on a case (throughput inverted for the GRPO batch)."""
+    if case == "grpo":
+        return stock["tok_per_s"] / r["tok_per_s"]
+    return r[MAIN_METRIC[case]] / stock[MAIN_METRIC[case]]
+
+
 def render(results: dict) -> str:
     out = [f"device {results['device']}; copy bandwidth {results['copy_bandwidth_gbs']:.0f} GB/s (read + write); "
            f"weights {results['weight_bytes'] / 1e9:.3f} GB", "",
@@ -261,19 +248,15 @@ def render(results: dict) -> str:
     for case, arms in results["cases"].items():
         if case == "gemm":
             continue
-        stock = arms.get("stock", {})
         for arm, r in arms.items():
             if case == "grpo":
                 text = f"{r['tok_per_s']:,.0f} tok/s"
-                ratio = stock["tok_per_s"] / r["tok_per_s"]
             elif case == "poisson":
                 text = f"p50 {r['p50_ms']:.2f} / p90 {r['p90_ms']:.2f} / p99 {r['p99_ms']:.2f} ms per output token"
-                ratio = r["p50_ms"] / stock["p50_ms"]
             else:
                 text = f"{r['ms_per_step']:.3f} ms/step" + (f", {r['roofline_pct']:.0f} % of roofline"
                                                             if "roofline_pct" in r else "")
-                ratio = r["ms_per_step"] / stock["ms_per_step"]
-            out.append(f"| {case} | {arm} | {text} | {ratio:.2f}x |")
+            out.append(f"| {case} | {arm} | {text} | {time_vs_stock(case, r, arms['stock']):.2f}x |")
     gemm = results["cases"].get("gemm", {})
     if gemm:
         out += ["", "| site | M | cuBLAS µs | detent default | det |", "|---|---|---|---|---|"]
@@ -293,14 +276,7 @@ def plot(results: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(1.6 * len(cases) + 2, 3.5))
     width = 0.8 / len(ARMS)
     for j, arm in enumerate(ARMS):
-        ratios = []
-        for c in cases:
-            r, s = results["cases"][c].get(arm), results["cases"][c]["stock"]
-            if c == "grpo":
-                ratios.append(s["tok_per_s"] / r["tok_per_s"])
-            else:
-                key = MAIN_METRIC[c]
-                ratios.append(r[key] / s[key])
+        ratios = [time_vs_stock(c, results["cases"][c][arm], results["cases"][c]["stock"]) for c in cases]
         ax.bar([i + j * width for i in range(len(cases))], ratios, width, label=arm)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([i + width for i in range(len(cases))], cases)

@@ -37,7 +37,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -47,9 +47,10 @@ from detent_rl.kernels.log_softmax import token_logprobs
 from detent_rl.kernels.matmul import launch_params, linear
 from detent_rl.kernels.rmsnorm import rmsnorm
 from detent_rl.models.model import CausalLM
-
-if TYPE_CHECKING:
-    from detent_rl.rollout.engine import Engine
+from detent_rl.models.runner import completion_logprobs
+from detent_rl.rollout.engine import Engine
+from detent_rl.rollout.sequence import SamplingParams
+from detent_rl.timing import kernel_timer, sync
 
 EXHAUSTIVE = 8  # grids this small are measured whole
 BUDGET = 0.10  # larger grids: at most this share of the candidates is measured
@@ -71,34 +72,31 @@ class Workload:
             if getattr(self, name) < 1:
                 raise ValueError(f"workload {name} must be >= 1, got {getattr(self, name)}")
 
-    def engine(self, model: CausalLM) -> "Engine":
+    def engine(self, model: CausalLM) -> Engine:
         """An engine for this workload on `model` (its CUDA graphs are captured on its first run)."""
-        from detent_rl.rollout.engine import Engine
         d = model.selections.deployment
         if self.prompt_len + self.new_tokens > d.max_context:
             raise ValueError(f"workload: {self.prompt_len} + {self.new_tokens} tokens exceed the deployment's context "
                              f"of {d.max_context}")
-        pages = self.prompts * -(-(self.prompt_len + self.new_tokens) // model.page_size) + 8
-        return Engine(model, num_blocks=pages, max_num_seqs=min(self.prompts, d.max_batch, 64))
+        return Engine.for_requests(model, self.prompts, self.prompt_len + self.new_tokens,
+                                   min(self.prompts, d.max_batch, 64))
 
-    def run(self, engine: "Engine") -> float:
+    def run(self, engine: Engine) -> float:
         """Seconds to generate and rescore the workload on `engine` (synchronised on the GPU); its
         prefix cache is flushed first, so every run does the same work."""
-        from detent_rl.models.runner import completion_logprobs
-        from detent_rl.rollout.sequence import SamplingParams
         model = engine.model
         g = torch.Generator().manual_seed(0)
         prompts = torch.randint(0, model.config.vocab_size, (self.prompts, self.prompt_len), generator=g).tolist()
         params = [SamplingParams(seed=i, temperature=1.0, max_tokens=self.new_tokens) for i in range(self.prompts)]
         engine.flush_cache()
-        _sync(model.device)
+        sync(model.device)
         t0 = time.perf_counter()
         seqs = engine.generate(prompts, params)
         with torch.inference_mode():
             for i in range(0, len(seqs), self.micro_batch):
                 part = seqs[i:i + self.micro_batch]
                 completion_logprobs(model, [(s.tokens, s.num_prompt) for s in part], [1.0] * len(part))
-        _sync(model.device)
+        sync(model.device)
         return time.perf_counter() - t0
 
 
@@ -152,7 +150,7 @@ class TuneReport:
         return "\n".join(lines)
 
 
-def profile(engine: "Engine", workload: Workload) -> tuple[float, dict[str, Counter]]:
+def profile(engine: Engine, workload: Workload) -> tuple[float, dict[str, Counter]]:
     """(seconds, per site key the Counter of its selector calls' arguments) of one workload run."""
     with engine.model.selections.recording() as calls:
         seconds = workload.run(engine)
@@ -187,32 +185,6 @@ def search(axes: tuple[str, ...], legal: list[tuple], default: tuple, cost: Call
                 if measured[a] < measured[best]:
                     best, improved = a, True
     return best, measured
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _timer(device: torch.device, repeats: int) -> Callable[[Callable[[], Any]], float]:
-    """Seconds per call of a thunk: CUDA-graph replays on the GPU (kernel time without launch
-    overhead, as a graph-replayed step sees it), the median of `repeats` calls on the CPU."""
-    if device.type == "cuda":
-        import triton.testing
-
-        def gpu(fn: Callable[[], Any]) -> float:
-            return triton.testing.do_bench_cudagraph(fn, rep=20) * 1e-3
-        return gpu
-
-    def cpu(fn: Callable[[], Any]) -> float:
-        fn()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-    return cpu
 
 
 def _launcher(model: CausalLM, family: str, site: dict, args: tuple, gen: torch.Generator
@@ -287,7 +259,7 @@ def tune(model: CausalLM, workload: Workload, *, build: Optional[Callable[[Commi
     workload.run(engine)  # warm-up: compiles kernels, captures graphs
     report.profiled_s, calls = profile(engine, workload)
     resolved = sel.resolved()
-    timer = _timer(model.device, repeats)
+    timer = kernel_timer(model.device, repeats)
     gen = torch.Generator(device=model.device).manual_seed(0)
     tuned: dict[str, SiteCommitment] = {}
     t0 = time.perf_counter()

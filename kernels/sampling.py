@@ -1,6 +1,6 @@
 """Seeded, batch-invariant sampling: Gumbel-max with noise keyed by (request seed, position, vocab id).
 
-Noise. For a request's seed s (int64), the absolute position p (int64) of the token being sampled
+Noise (`kernels/noise.py`). For a request's seed s (int64), the absolute position p (int64) of the token being sampled
 and a vocabulary id i, all in 32-bit unsigned arithmetic (uint32 in Triton, int64 masked to 32 bits
 in PyTorch):
 
@@ -32,30 +32,10 @@ import torch
 
 from detent_rl.kernels._triton import FLOAT_DTYPES, INDEX_DTYPES, check_block, require_triton, tl, triton, use_triton
 from detent_rl.kernels.log_softmax import log_softmax, token_logprobs
+from detent_rl.kernels.noise import MESSAGE_BYTES, fmix32, fmix32_torch, gumbel, gumbel_noise, mix_word, \
+    mix_word_torch, row_state
 
-_M32 = 0xFFFFFFFF
-_C1, _C2, _F1, _F2, _N = 0xCC9E2D51, 0x1B873593, 0x85EBCA6B, 0xC2B2AE35, 0xE6546B64
-_MESSAGE_BYTES = 20
 _FILTER_ELEMENTS = 1 << 24  # rows filtered at once x vocab: bounds the sort's [rows, vocab] temporaries
-
-
-@triton.jit
-def _mix_word(h, k):
-    k = k * 0xCC9E2D51
-    k = (k << 15) | (k >> 17)
-    k = k * 0x1B873593
-    h = h ^ k
-    h = (h << 13) | (h >> 19)
-    return h * 5 + 0xE6546B64
-
-
-@triton.jit
-def _fmix32(h):
-    h = h ^ (h >> 16)
-    h = h * 0x85EBCA6B
-    h = h ^ (h >> 13)
-    h = h * 0xC2B2AE35
-    return h ^ (h >> 16)
 
 
 @triton.jit
@@ -68,10 +48,10 @@ def _sample_kernel(logits_ptr, stride_row, seeds_ptr, positions_ptr, temps_ptr, 
     t = tl.where(greedy, 1.0, t)
     seed = tl.load(seeds_ptr + row)
     pos = tl.load(positions_ptr + row)
-    state = _mix_word(tl.full([], 0, tl.uint32), seed.to(tl.uint32))
-    state = _mix_word(state, (seed >> 32).to(tl.uint32))
-    state = _mix_word(state, pos.to(tl.uint32))
-    state = _mix_word(state, (pos >> 32).to(tl.uint32))
+    state = mix_word(tl.full([], 0, tl.uint32), seed.to(tl.uint32))
+    state = mix_word(state, (seed >> 32).to(tl.uint32))
+    state = mix_word(state, pos.to(tl.uint32))
+    state = mix_word(state, (pos >> 32).to(tl.uint32))
     if HAS_MASK:
         mask_row = tl.load(mask_rows_ptr + row).to(tl.int64)
         mask_ptr = allowed_ptr + tl.maximum(mask_row, 0) * n_cols
@@ -85,7 +65,7 @@ def _sample_kernel(logits_ptr, stride_row, seeds_ptr, positions_ptr, temps_ptr, 
         if HAS_MASK:
             valid = valid & (tl.load(mask_ptr + cols, mask=cols < mask_end, other=1) != 0)
         x = tl.load(row_ptr + cols, mask=valid, other=0.0).to(tl.float32)
-        h = _fmix32(_mix_word(state, cols.to(tl.uint32)) ^ 20)
+        h = fmix32(mix_word(state, cols.to(tl.uint32)) ^ 20)
         u = (((h >> 9) << 1) | 1).to(tl.float32) * 5.9604644775390625e-08
         g = -tl.log(-tl.log(u))
         score = tl.where(greedy, x, tl.math.div_rn(x, t) + g)
@@ -113,52 +93,6 @@ def _top_p_cutoff_kernel(probs_ptr, top_p_ptr, out_ptr, n_cols, BLOCK: tl.conste
         first = tl.minimum(first, tl.min(tl.where(valid & (incl >= top_p), cols, n_cols), axis=0))
         carry = tl.sum(tl.where(lanes == BLOCK - 1, incl, 0.0), axis=0)  # one term: exact
     tl.store(out_ptr + row, first.to(tl.int64))
-
-
-# ---------------------------------------------------------------------------------------------
-# the same hash in PyTorch (int64 tensors holding uint32 values; no product exceeds 2**49)
-
-def _mul32(a: torch.Tensor, c: int) -> torch.Tensor:
-    return (a * (c & 0xFFFF) + (((a * (c >> 16)) & 0xFFFF) << 16)) & _M32
-
-
-def _rotl32(a: torch.Tensor, r: int) -> torch.Tensor:
-    return ((a << r) | (a >> (32 - r))) & _M32
-
-
-def _mix_word_torch(h: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    k = _mul32(_rotl32(_mul32(k, _C1), 15), _C2)
-    return (_rotl32(h ^ k, 13) * 5 + _N) & _M32
-
-
-def _fmix32_torch(h: torch.Tensor) -> torch.Tensor:
-    h = _mul32(h ^ (h >> 16), _F1)
-    h = _mul32(h ^ (h >> 13), _F2)
-    return h ^ (h >> 16)
-
-
-def _row_state(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """The MurmurHash3 state after the words (seed lo, seed hi, position lo, position hi): [rows]."""
-    h = torch.zeros_like(seeds)
-    for word in (seeds & _M32, (seeds >> 32) & _M32, positions & _M32, (positions >> 32) & _M32):
-        h = _mix_word_torch(h, word)
-    return h
-
-
-def message_hash(seeds: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """MurmurHash3_x86_32 of (seed, position, id) for seeds/positions [rows], ids [n]: [rows, n] int64."""
-    state = _row_state(seeds.long(), positions.long())[:, None]
-    return _fmix32_torch(_mix_word_torch(state, ids.long()[None, :]) ^ _MESSAGE_BYTES)
-
-
-def _gumbel(h: torch.Tensor) -> torch.Tensor:
-    u = (((h >> 9) << 1) | 1).to(torch.float32) * 2.0 ** -24
-    return -torch.log(-torch.log(u))
-
-
-def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """fp32 [rows, n]: the Gumbel draw of each (seed, position) row at each vocabulary id."""
-    return _gumbel(message_hash(seeds, positions, ids))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,7 +202,7 @@ def _sample_torch(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Te
     batch, vocab = logits.shape
     greedy = (temps == 0)[:, None]
     t = torch.where(greedy[:, 0], 1.0, temps)[:, None]
-    state = _row_state(seeds, positions)[:, None]
+    state = row_state(seeds, positions)[:, None]
     if masks is not None:
         allowed, mask_rows = masks
         filtered = (mask_rows >= 0)[:, None]
@@ -278,7 +212,7 @@ def _sample_torch(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Te
     for start in range(0, vocab, block):
         ids = torch.arange(start, min(start + block, vocab), device=logits.device)
         x = logits[:, start:start + block].float()
-        g = _gumbel(_fmix32_torch(_mix_word_torch(state, ids[None]) ^ _MESSAGE_BYTES))
+        g = gumbel(fmix32_torch(mix_word_torch(state, ids[None]) ^ MESSAGE_BYTES))
         score = torch.where(greedy, x, x / t + g)
         valid = torch.ones_like(score, dtype=torch.bool)
         if masks is not None:
@@ -294,16 +228,9 @@ def _sample_torch(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Te
 # ---------------------------------------------------------------------------------------------
 # public API
 
-def _check(logits: torch.Tensor, seeds: torch.Tensor | None, positions: torch.Tensor | None,
-           temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, block: int) -> None:
-    if seeds is None:
-        raise ValueError("seeded sampling requires a seed per request (seeds is None)")
-    if not (isinstance(logits, torch.Tensor) and logits.dim() == 2 and logits.dtype in FLOAT_DTYPES):
-        raise ValueError("logits must be a [batch, vocab] fp32/bf16/fp16 tensor")
+def _check_rows(logits: torch.Tensor, specs: dict[str, tuple]) -> None:
+    """Each named per-row tensor: [batch], one of its dtypes, on the logits' device."""
     batch = logits.shape[0]
-    specs = {"seeds": (seeds, (torch.int64,)), "positions": (positions, (torch.int64,)),
-             "temperature": (temperature, (torch.float32,)), "top_k": (top_k, INDEX_DTYPES),
-             "top_p": (top_p, (torch.float32,))}
     for name, (t, dtypes) in specs.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a [{batch}] tensor, got {type(t).__name__}"
@@ -311,6 +238,17 @@ def _check(logits: torch.Tensor, seeds: torch.Tensor | None, positions: torch.Te
         if t.shape != (batch,) or t.dtype not in dtypes or t.device != logits.device:
             raise ValueError(f"{name} must be [{batch}] {'/'.join(str(d) for d in dtypes)} on {logits.device}, "
                              f"got {tuple(t.shape)} {t.dtype} on {t.device}")
+
+
+def _check(logits: torch.Tensor, seeds: torch.Tensor | None, positions: torch.Tensor | None,
+           temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, block: int) -> None:
+    if seeds is None:
+        raise ValueError("seeded sampling requires a seed per request (seeds is None)")
+    if not (isinstance(logits, torch.Tensor) and logits.dim() == 2 and logits.dtype in FLOAT_DTYPES):
+        raise ValueError("logits must be a [batch, vocab] fp32/bf16/fp16 tensor")
+    _check_rows(logits, {"seeds": (seeds, (torch.int64,)), "positions": (positions, (torch.int64,)),
+                         "temperature": (temperature, (torch.float32,)), "top_k": (top_k, INDEX_DTYPES),
+                         "top_p": (top_p, (torch.float32,))})
     check_block(block)
     bad_t, bad_p, bad_k = torch.stack([~((temperature >= 0) & torch.isfinite(temperature)).all(),
                                        ~((top_p > 0) & (top_p <= 1)).all(), (top_k < 0).any()]).tolist()
@@ -376,11 +314,8 @@ def sample_unfiltered(logits: torch.Tensor, seeds: torch.Tensor, positions: torc
     engine's decode step replays it), since no data-dependent row set or value check runs. The caller
     vouches for the rows (`unfiltered`; temps each 0 or `temperature`, 0 only if it is 1.0); shapes
     are checked here."""
-    batch = logits.shape[0]
-    for name, t, dtype in (("seeds", seeds, torch.int64), ("positions", positions, torch.int64),
-                           ("temps", temps, torch.float32)):
-        if t.shape != (batch,) or t.dtype != dtype or t.device != logits.device:
-            raise ValueError(f"{name} must be [{batch}] {dtype} on {logits.device}, got {tuple(t.shape)} {t.dtype}")
+    _check_rows(logits, {"seeds": (seeds, (torch.int64,)), "positions": (positions, (torch.int64,)),
+                         "temps": (temps, (torch.float32,))})
     if not (temperature > 0 and temperature != float("inf")):
         raise ValueError(f"temperature must be finite and > 0 (greedy rows use 1.0 for their logprob), got {temperature}")
     check_block(block)

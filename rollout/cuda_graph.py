@@ -161,7 +161,14 @@ class DecodeGraphs:
         if self._copied is not None:
             self._copied.record()
 
-    def _replay(self, key: tuple[int, float | None]) -> object:
+    def _launch(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
+                seeds: list[int] | None, temps: list[float] | None, temperature: float | None) -> object:
+        """Stage the step's inputs and replay its graph (captured on first use): its outputs."""
+        b = self._padded_size(tokens, positions, slots, tables)
+        key = (b, temperature)
+        if self.capture and key not in self.graphs:
+            self._capture(key)
+        self._stage(b, tokens, positions, slots, tables, seeds, temps)
         if not self.capture:  # the same padded step, run eagerly
             return self._forward(*key)
         self.graphs[key].replay()
@@ -172,11 +179,7 @@ class DecodeGraphs:
     def run(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]]) -> torch.Tensor:
         """Logits [n, vocab] of one decode step: token i at `positions[i]` written to `slots[i]`,
         attending over the pages `tables[i]`. The returned tensor is overwritten by the next replay."""
-        b = self._padded_size(tokens, positions, slots, tables)
-        if self.capture and (b, None) not in self.graphs:
-            self._capture((b, None))
-        self._stage(b, tokens, positions, slots, tables, None, None)
-        return self._replay((b, None))[:len(tokens)]
+        return self._launch(tokens, positions, slots, tables, None, None, None)[:len(tokens)]
 
     @torch.inference_mode()
     def sample(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
@@ -185,11 +188,7 @@ class DecodeGraphs:
         position `positions[i] + 1` with `seeds[i]` and `temps[i]`) and its logprob at `temperature`.
         The rows must suit `sample_unfiltered` (the engine checks); one host sync, to read them."""
         n = len(tokens)
-        b = self._padded_size(tokens, positions, slots, tables)
-        if self.capture and (b, temperature) not in self.graphs:
-            self._capture((b, temperature))
-        self._stage(b, tokens, positions, slots, tables, seeds, temps)
-        out_tokens, out_logprobs = self._replay((b, temperature))
+        out_tokens, out_logprobs = self._launch(tokens, positions, slots, tables, seeds, temps, temperature)
         self.out_tokens[:n].copy_(out_tokens[:n], non_blocking=True)
         self.out_logprobs[:n].copy_(out_logprobs[:n], non_blocking=True)
         if self.capture:

@@ -66,6 +66,12 @@ class Engine:
                                        capture=bool(cuda_graphs))
         self._select_logprobs = model.selections.get("log_softmax")
 
+    @classmethod
+    def for_requests(cls, model: CausalLM, sequences: int, tokens: int, max_num_seqs: int) -> "Engine":
+        """An engine with pages for `sequences` requests of up to `tokens` tokens each (and 8 spare),
+        `max_num_seqs` of them in flight."""
+        return cls(model, num_blocks=sequences * -(-tokens // model.page_size) + 8, max_num_seqs=max_num_seqs)
+
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Sequence]:
         """Run the requests to completion; their sequences, in order."""
         if len(prompts) != len(params):
@@ -113,9 +119,9 @@ class Engine:
         return ([q.tokens[p] for q, p in zip(seqs, pos)], pos, [self.blocks.slot(q, p) for q, p in zip(seqs, pos)],
                 [q.block_table for q in seqs])
 
-    def _logits(self, spans: list[Span]) -> torch.Tensor | None:
+    def _logits(self, spans: list[Span], graphed: bool) -> torch.Tensor | None:
         """The step's forward; logits of each sampling span's last token (None if none samples)."""
-        if self._graphed(spans):
+        if graphed:
             return self.graphs.run(*self._decode_inputs(spans))
         step = [StepSpan(s.seq.tokens[s.start:s.start + s.count], s.start, s.seq.block_table) for s in spans]
         input_ids, positions, ctx = step_inputs(self.model, self.caches, step)
@@ -140,21 +146,22 @@ class Engine:
 
     @torch.inference_mode()
     def _step(self, spans: list[Span]) -> dict[int, tuple[int, float]]:
-        if self._graphed(spans):
+        graphed = self._graphed(spans)
+        if graphed:
             params = [s.seq.params for s in spans]
             temperature = self._graph_temperature(params)
             if temperature is not None:  # sampled inside the graph: one copy in, one copy out
                 tokens, logprobs = self.graphs.sample(*self._decode_inputs(spans), [p.seed for p in params],
                                                       [p.temperature for p in params], temperature)
                 return {s.seq.seq_id: (t, lp) for s, t, lp in zip(spans, tokens, logprobs)}
-        logits = self._logits(spans)
+        logits = self._logits(spans, graphed)
         if logits is None:
             return {}
         sampling = [s for s in spans if s.samples]
         dev = logits.device
         p = [s.seq.params for s in sampling]
         # a decode step's logprob selection is the one its graph ran at: the padded size
-        cfg = self._select_logprobs(self.graphs.size_for(len(sampling)) if self._graphed(spans) else len(sampling))
+        cfg = self._select_logprobs(self.graphs.size_for(len(sampling)) if graphed else len(sampling))
         tokens, logprobs = sample(
             logits, torch.tensor([x.seed for x in p], dtype=torch.int64, device=dev),
             torch.tensor([len(s.seq) for s in sampling], dtype=torch.int64, device=dev),

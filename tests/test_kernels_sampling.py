@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from detent_rl.kernels.log_softmax import log_softmax, token_logprobs
-from detent_rl.kernels.sampling import message_hash, sample, sample_ref, sample_unfiltered
+from detent_rl.kernels.noise import message_hash
+from detent_rl.kernels.sampling import sample, sample_ref, sample_unfiltered
 from detent_rl.kernels.programs.rows import log_softmax_program
 from test_kernels_rows import invariance_failures, selectors
 from interpreted import run_interpreted

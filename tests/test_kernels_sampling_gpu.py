@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from detent_rl.kernels.log_softmax import log_softmax, token_logprobs
-from detent_rl.kernels.sampling import _top_p_cutoff_triton, gumbel_noise, sample, sample_ref
+from detent_rl.kernels.noise import gumbel_noise
+from detent_rl.kernels.sampling import _top_p_cutoff_triton, sample, sample_ref
 from detent_rl.kernels.programs.rows import log_softmax_program
 from test_kernels_rows import invariance_failures, selectors
 from test_kernels_sampling import (chi_square_ok, draw, expected_probs, sampling_inputs, sampling_run,
