@@ -1,9 +1,9 @@
 """Log-softmax over the vocabulary and sampled-token logprobs, batch-invariant given (block, num_warps).
 
     x   = logits.float() / temperature        (the division only when temperature != 1.0)
-    m   = max(x)                              (exact: any association gives the same value)
-    s   = sum(exp(x - m))                     (fp32 accumulator vector of `block` lanes, chunked)
-    out = (x - m) - log(s)
+    M, lse = the row's max and log-sum-exp, over fixed ranges of the vocabulary (`kernels/vocab.py`:
+             per range a max and a `block`-lane fp32 sum of exp(x - m_r), folded in one combine)
+    out = (x - M) - lse
 
 `token_logprobs` runs the same reduction and the same final ops on one element per row, so its
 value equals `log_softmax(...)[i, token_ids[i]]` bit for bit: the rollout may keep only the
@@ -11,56 +11,9 @@ sampled token's logprob while the trainer takes whole rows, and both see the sam
 """
 import torch
 
-from detent_rl.kernels._triton import (FLOAT_DTYPES, INDEX_DTYPES, aligned, check_block, dense_rows,
-                                       fold_rows, require_triton, tl, triton, use_triton)
-
-
-@triton.jit
-def _row_max_logsumexp(row_ptr, n_cols, temperature, APPLY_TEMP: tl.constexpr, BLOCK: tl.constexpr):
-    lanes = tl.arange(0, BLOCK)
-    acc_max = tl.full([BLOCK], float("-inf"), tl.float32)
-    for start in range(0, n_cols, BLOCK):
-        cols = start + lanes
-        x = tl.load(row_ptr + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
-        if APPLY_TEMP:
-            x = tl.math.div_rn(x, temperature)
-        acc_max = tl.maximum(acc_max, x)
-    m = tl.max(acc_max, axis=0)
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, n_cols, BLOCK):
-        cols = start + lanes
-        x = tl.load(row_ptr + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
-        if APPLY_TEMP:
-            x = tl.math.div_rn(x, temperature)
-        acc += tl.exp(x - m)  # masked lanes: exp(-inf) adds an exact zero
-    return m, tl.log(tl.sum(acc, axis=0))
-
-
-@triton.jit
-def _log_softmax_kernel(x_ptr, out_ptr, n_cols, temperature, APPLY_TEMP: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    row_ptr = x_ptr + row * n_cols
-    m, lse = _row_max_logsumexp(row_ptr, n_cols, temperature, APPLY_TEMP, BLOCK)
-    for start in range(0, n_cols, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        x = tl.load(row_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        if APPLY_TEMP:
-            x = tl.math.div_rn(x, temperature)
-        tl.store(out_ptr + row * n_cols + cols, (x - m) - lse, mask=mask)
-
-
-@triton.jit
-def _token_logprobs_kernel(x_ptr, ids_ptr, out_ptr, n_cols, temperature,
-                           APPLY_TEMP: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    row_ptr = x_ptr + row * n_cols
-    m, lse = _row_max_logsumexp(row_ptr, n_cols, temperature, APPLY_TEMP, BLOCK)
-    token = tl.load(ids_ptr + row).to(tl.int64)
-    x = tl.load(row_ptr + token).to(tl.float32)
-    if APPLY_TEMP:
-        x = tl.math.div_rn(x, temperature)
-    tl.store(out_ptr + row, (x - m) - lse)
+from detent_rl.kernels._triton import FLOAT_DTYPES, INDEX_DTYPES, aligned, check_block, dense_rows, require_triton, \
+    use_triton
+from detent_rl.kernels.vocab import max_logsumexp_torch, vocab_pass, write_log_softmax
 
 
 def _check(logits: torch.Tensor, block: int, temperature: float) -> None:
@@ -77,25 +30,14 @@ def _scaled_torch(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return x
 
 
-def _max_logsumexp_torch(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    m = fold_rows(x, block, float("-inf"), lambda part: part, torch.maximum, float("-inf"))
-    s = fold_rows(x, block, float("-inf"), lambda part: torch.exp(part - m[:, None]), torch.add, 0.0)
-    return m, torch.log(s)
-
-
-def _launch(kernel: object, logits: torch.Tensor, out: torch.Tensor, extra: tuple,
-            block: int, num_warps: int, temperature: float) -> None:
-    if logits.shape[0] > 0:
-        kernel[(logits.shape[0],)](logits, *extra, out, logits.shape[1], float(temperature),
-                                   APPLY_TEMP=temperature != 1.0, BLOCK=block, num_warps=num_warps)
-
-
 def _log_softmax_triton(logits: torch.Tensor, block: int, num_warps: int, temperature: float) -> torch.Tensor:
     require_triton(logits)
     logits = dense_rows(logits)
-    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-    _launch(_log_softmax_kernel, logits, out, (), block, num_warps, temperature)
-    return out
+    if logits.shape[0] == 0:
+        return torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    stats = vocab_pass(logits, block=block, num_warps=num_warps, temperature=temperature, stats=True)
+    return write_log_softmax(logits, stats["m"], stats["lse"], block=block, num_warps=num_warps,
+                             temperature=temperature)
 
 
 def log_softmax(logits: torch.Tensor, *, block: int, num_warps: int = 4,
@@ -105,7 +47,7 @@ def log_softmax(logits: torch.Tensor, *, block: int, num_warps: int = 4,
     if use_triton(logits):
         return _log_softmax_triton(logits, block, num_warps, temperature)
     x = _scaled_torch(logits, temperature)
-    m, lse = _max_logsumexp_torch(x, block)
+    m, lse = max_logsumexp_torch(x, block)
     return (x - m[:, None]) - lse[:, None]
 
 
@@ -114,9 +56,10 @@ def _token_logprobs_triton(logits: torch.Tensor, token_ids: torch.Tensor, block:
     # An out-of-range id would read outside its row; ids come from sampling over this vocabulary.
     require_triton(logits)
     logits, token_ids = dense_rows(logits), aligned(token_ids)
-    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
-    _launch(_token_logprobs_kernel, logits, out, (token_ids,), block, num_warps, temperature)
-    return out
+    if logits.shape[0] == 0:
+        return torch.empty(0, dtype=torch.float32, device=logits.device)
+    return vocab_pass(logits, block=block, num_warps=num_warps, temperature=temperature,
+                      token_ids=token_ids)["logprobs"]
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, *, block: int, num_warps: int = 4,
@@ -129,7 +72,7 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, *, block: int,
     if use_triton(logits):
         return _token_logprobs_triton(logits, token_ids, block, num_warps, temperature)
     x = _scaled_torch(logits, temperature)
-    m, lse = _max_logsumexp_torch(x, block)
+    m, lse = max_logsumexp_torch(x, block)
     picked = x.gather(1, token_ids.long()[:, None])[:, 0]
     return (picked - m) - lse
 

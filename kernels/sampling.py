@@ -22,6 +22,11 @@ Selection, per row with temperature T (fp32) and x = logits.float() / T (IEEE di
   sum is a fixed-order scan: within a block of `block` ids an in-block scan, across blocks a
   sequential carry (Triton: `tl.cumsum`; CPU: Hillis-Steele), so it depends on the row alone.
 
+On the GPU the argmax runs over the vocabulary's fixed ranges in parallel CTAs (`kernels/vocab.py`):
+each range's best (score, smallest id), then the best over ranges, smallest id on ties — the same
+token whatever the ranges, as max and min are exact. `sample_unfiltered` (the decode graph's
+sampler) takes the log-softmax partials in the same read of the logits.
+
 Returned logprob: token_logprobs(logits, token, block, num_warps, temperature=T), with T = 1.0 for
 greedy rows: the fp32 log_softmax(logits.float() / T)[token], the value the trainer recomputes with
 `log_softmax`/`token_logprobs` (bit for bit, same block). It ignores top-k/top-p (no renormalization).
@@ -30,52 +35,13 @@ from __future__ import annotations
 
 import torch
 
-from detent_rl.kernels._triton import FLOAT_DTYPES, INDEX_DTYPES, check_block, require_triton, tl, triton, use_triton
+from detent_rl.kernels._triton import FLOAT_DTYPES, INDEX_DTYPES, check_block, dense_rows, require_triton, tl, triton, \
+    use_triton
 from detent_rl.kernels.log_softmax import log_softmax, token_logprobs
-from detent_rl.kernels.noise import MESSAGE_BYTES, fmix32, fmix32_torch, gumbel, gumbel_noise, mix_word, \
-    mix_word_torch, row_state
+from detent_rl.kernels.noise import MESSAGE_BYTES, fmix32_torch, gumbel, gumbel_noise, mix_word_torch, row_state
+from detent_rl.kernels.vocab import vocab_pass
 
 _FILTER_ELEMENTS = 1 << 24  # rows filtered at once x vocab: bounds the sort's [rows, vocab] temporaries
-
-
-@triton.jit
-def _sample_kernel(logits_ptr, stride_row, seeds_ptr, positions_ptr, temps_ptr, allowed_ptr, mask_rows_ptr,
-                   out_ptr, n_cols, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    row_ptr = logits_ptr + row * stride_row
-    t = tl.load(temps_ptr + row)
-    greedy = t == 0.0
-    t = tl.where(greedy, 1.0, t)
-    seed = tl.load(seeds_ptr + row)
-    pos = tl.load(positions_ptr + row)
-    state = mix_word(tl.full([], 0, tl.uint32), seed.to(tl.uint32))
-    state = mix_word(state, (seed >> 32).to(tl.uint32))
-    state = mix_word(state, pos.to(tl.uint32))
-    state = mix_word(state, (pos >> 32).to(tl.uint32))
-    if HAS_MASK:
-        mask_row = tl.load(mask_rows_ptr + row).to(tl.int64)
-        mask_ptr = allowed_ptr + tl.maximum(mask_row, 0) * n_cols
-        mask_end = tl.where(mask_row >= 0, n_cols, 0)  # an unfiltered row reads no mask
-    lanes = tl.arange(0, BLOCK)
-    best = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_id = tl.full([BLOCK], -1, tl.int32)
-    for start in range(0, n_cols, BLOCK):
-        cols = start + lanes
-        valid = cols < n_cols
-        if HAS_MASK:
-            valid = valid & (tl.load(mask_ptr + cols, mask=cols < mask_end, other=1) != 0)
-        x = tl.load(row_ptr + cols, mask=valid, other=0.0).to(tl.float32)
-        h = fmix32(mix_word(state, cols.to(tl.uint32)) ^ 20)
-        u = (((h >> 9) << 1) | 1).to(tl.float32) * 5.9604644775390625e-08
-        g = -tl.log(-tl.log(u))
-        score = tl.where(greedy, x, tl.math.div_rn(x, t) + g)
-        # a lane keeps its first (smallest) id among equal scores; ids only grow along the loop
-        take = valid & ((score > best) | (best_id < 0))
-        best = tl.where(take, score, best)
-        best_id = tl.where(take, cols, best_id)
-    top = tl.max(best, axis=0)
-    winner = tl.min(tl.where((best == top) & (best_id >= 0), best_id, n_cols), axis=0)
-    tl.store(out_ptr + row, winner.to(tl.int64))
 
 
 @triton.jit
@@ -183,14 +149,9 @@ def _allowed(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor, top
 def _sample_triton(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, temps: torch.Tensor,
                    masks: tuple[torch.Tensor, torch.Tensor] | None, block: int, num_warps: int) -> torch.Tensor:
     require_triton(logits)
-    if logits.stride(1) != 1:
-        logits = logits.contiguous()
-    allowed, mask_rows = masks if masks is not None else (temps, temps)  # unread placeholders
-    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-    _sample_kernel[(logits.shape[0],)](logits, logits.stride(0), seeds.contiguous(), positions.contiguous(),
-                                       temps.contiguous(), allowed, mask_rows, out, logits.shape[1],
-                                       HAS_MASK=masks is not None, BLOCK=block, num_warps=num_warps)
-    return out
+    allowed, mask_rows = masks if masks is not None else (None, None)
+    sampling = (seeds.contiguous(), positions.contiguous(), temps.contiguous(), allowed, mask_rows)
+    return vocab_pass(dense_rows(logits), block=block, num_warps=num_warps, sampling=sampling)["tokens"]
 
 
 def _sample_torch(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, temps: torch.Tensor,
@@ -319,10 +280,12 @@ def sample_unfiltered(logits: torch.Tensor, seeds: torch.Tensor, positions: torc
     if not (temperature > 0 and temperature != float("inf")):
         raise ValueError(f"temperature must be finite and > 0 (greedy rows use 1.0 for their logprob), got {temperature}")
     check_block(block)
-    if use_triton(logits):
-        tokens = _sample_triton(logits, seeds, positions, temps, None, block, num_warps)
-    else:
-        tokens = _sample_torch(logits, seeds, positions, temps, None, block)
+    if use_triton(logits):  # one pass over the vocabulary samples and takes the logprob
+        require_triton(logits)
+        out = vocab_pass(dense_rows(logits), block=block, num_warps=num_warps, temperature=temperature,
+                         sampling=(seeds.contiguous(), positions.contiguous(), temps.contiguous(), None, None))
+        return out["tokens"], out["logprobs"]
+    tokens = _sample_torch(logits, seeds, positions, temps, None, block)
     return tokens, token_logprobs(logits, tokens, block=block, num_warps=num_warps, temperature=temperature)
 
 

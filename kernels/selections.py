@@ -104,13 +104,17 @@ def det_assignment(family: str, facts: dict, sol: Solution) -> tuple[dict, dict]
 
 def detent_default(family: str, sol: Solution) -> tuple[dict, dict]:
     """The detent arm's (pins, knobs) where the tuple names none: the solver's default tuple, except
-    matmul's. There the solver's choice (the pin's most frequent value over M) is the large-M
-    partition, K in one piece, which starves a decode step of CTAs; the default takes the partition
-    the stock selection gives a one-row decode instead — its parallel schedule fills the SMs, and
-    large M runs the same chunks in sequence. The tuner trades the two ends per workload."""
+    for matmul and RMSNorm. There the solver's choice (the pin's most frequent value over the row
+    count) is the large-batch one — matmul's K in one piece, RMSNorm's 256-lane block — which starves
+    a decode step (matmul: of CTAs; RMSNorm: a one-row step walks the row in four chunks at 3.3 µs a
+    call where the 1,024-lane block takes 1.75 µs, measured on the H200). The default takes what
+    the stock selection gives a one-row decode instead; large batches are memory-bound either way
+    (matmul runs the same chunks in sequence). The tuner trades the two ends per workload."""
     pins, knobs = sol.split(sol.default)
     if family == "matmul" and "chunk" in pins:
         pins = {"chunk": sol.stock()(1).chunk}
+    if family == "rmsnorm" and "block" in pins:
+        pins = {"block": sol.stock()(1).block}
     return pins, knobs
 
 
