@@ -5,22 +5,24 @@ Run on a CUDA machine from the repository root:
     python bench/decode_profile.py [--model qwen2-0.5b] [--batch 1,32] [--arms stock,detent] [--steps 64]
 
 Each arm loads the same checkpoint (a built-in config's seeded random weights, or a directory),
-decodes `--batch` greedy requests from 128-token prompts with CUDA-graph decode, and profiles
-`--steps` decode steps (after a warm-up run that captures the graphs) with the torch profiler
-(CUPTI reports each kernel a graph replay launches). Prints per arm and batch: wall ms per step,
-GPU kernel ms per step (kernels summed: the rest of the wall is host time and launch gaps), and
-the kernels by time per step with their launches per step. Kernel names are shortened (Triton
+decodes `--batch` greedy requests from 128-token prompts with CUDA-graph decode, times the `--steps`
+decode steps after every request's first token (median of three runs after a warm-up that captures
+the graphs), and profiles them once more with the torch profiler (CUPTI reports each kernel a graph
+replay launches). Prints per arm and batch: wall ms per step,
+GPU kernel ms per step (kernels summed: the rest of the wall is host time and launch gaps), that
+rest split into gaps between a step's kernels (under 20 µs: inside the replayed graph, by kernel
+pair) and between steps (the host), and the kernels by time per step with their launches per step. Kernel names are shortened (Triton
 kernels keep their function name; cuBLAS/CUTLASS kernels their family).
 """
 from __future__ import annotations
 
 import argparse
 import re
-import time
 from collections import defaultdict
 
 import torch
 
+from detent_rl.bench import decode_step_seconds
 from detent_rl.models import load_model
 from detent_rl.models.builtin import NAMES, builtin_checkpoint
 from detent_rl.rollout.engine import Engine
@@ -34,37 +36,57 @@ def short(name: str) -> str:
     return name.split("(")[0][:60]
 
 
-def profile_decode(engine: Engine, prompts: list[list[int]], steps: int) -> tuple[float, float, dict]:
-    """(wall ms per step, GPU ms per step, {kernel: (launches per step, µs per step)}) over `steps`."""
+def profile_decode(engine: Engine, prompts: list[list[int]], steps: int) -> tuple[float, float, dict, dict]:
+    """(wall ms per step, GPU ms per step, {kernel: (launches per step, µs per step)}, gaps) over the
+    decode steps after every request's first token."""
     from torch.profiler import ProfilerActivity, profile
-    b = len(prompts)
-
-    def run(n: int) -> float:
-        engine.flush_cache()
-        params = [SamplingParams(seed=i, temperature=0.0, max_tokens=n) for i in range(b)]
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        engine.generate(prompts, params)
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0
-
-    run(steps + 1)  # warm-up: compiles, captures
-    walls = sorted(run(steps + 1) - run(1) for _ in range(3))
-    wall_ms = 1e3 * walls[1] / steps
+    params = [SamplingParams(seed=i, temperature=0.0, max_tokens=steps + 1) for i in range(len(prompts))]
+    walls = sorted(decode_step_seconds(engine, prompts, params) for _ in range(4))[1:]  # the first warms up
+    wall_ms = 1e3 * walls[1]
+    engine.flush_cache()
+    seqs = [engine.add(p, sp) for p, sp in zip(prompts, params)]
+    while any(not s.completion for s in seqs):
+        engine.step()
+    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as p:
-        run(steps + 1)
-    with profile(activities=[ProfilerActivity.CUDA]) as p1:
-        run(1)
+        while not engine.idle:
+            engine.step()
+        torch.cuda.synchronize()
+    gaps = _gaps(p, steps)
     per = defaultdict(lambda: [0, 0.0])
-    for prof, sign in ((p, 1), (p1, -1)):  # the prefill and first token cancel out
-        for e in prof.events():
-            if e.device_time > 0 and e.device_type == torch.autograd.DeviceType.CUDA:
-                k = per[short(e.name)]
-                k[0] += sign
-                k[1] += sign * e.device_time
-    kernels = {n: (c / steps, us / steps) for n, (c, us) in per.items() if c > 0 or us > 0.5 * steps}
+    for e in p.events():
+        if e.device_time > 0 and e.device_type == torch.autograd.DeviceType.CUDA:
+            k = per[short(e.name)]
+            k[0] += 1
+            k[1] += e.device_time
+    kernels = {n: (c / steps, us / steps) for n, (c, us) in per.items()}
     gpu_ms = sum(us for _, us in kernels.values()) / 1e3
-    return wall_ms, gpu_ms, kernels
+    return wall_ms, gpu_ms, kernels, gaps
+
+
+def _gaps(prof, steps: int, host_gap_us: float = 20.0) -> dict:
+    """Idle time between consecutive kernels, per step: short gaps (inside a replayed graph) by the
+    kernel pair around them, and long ones (the host between steps) in total."""
+    spans = sorted((e.time_range.start, e.time_range.end, short(e.name)) for e in prof.events()
+                   if e.device_time > 0 and e.device_type == torch.autograd.DeviceType.CUDA)
+    pairs, host = defaultdict(float), 0.0
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+        gap = start - end
+        if gap >= host_gap_us:
+            host += gap
+        elif gap > 0:
+            pairs[f"{a} -> {b}"] += gap
+    return {"host_us": host / steps, "in_graph_us": sum(pairs.values()) / steps,
+            "pairs": sorted(((k, v / steps) for k, v in pairs.items()), key=lambda kv: -kv[1])[:6]}
+
+
+def attention_pinned(model, split: int, max_context: int):
+    """`model`'s resolved tuple with its attention split into `split`-key ranges (0: one split)."""
+    from detent_rl.kernels.commitment import SiteCommitment
+    t = model.selections.resolved()
+    span = -(-max_context // 64) * 64
+    pins = {"is_decode": False, "num_splits": -(-max_context // split) if split else 1, "split_size": split or span}
+    return t.with_sites({k: SiteCommitment(pins, {"split_stride": 0}) for k in t.sites if k.startswith("attention")})
 
 
 def main() -> None:
@@ -75,20 +97,31 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--attention-split", default="", help="comma-separated KV split sizes to pin the detent arm's "
+                                                            "attention to, one run each (default: its tuple's)")
     args = ap.parse_args()
     path = builtin_checkpoint(args.model) if args.model in NAMES else args.model
     batches = [int(b) for b in args.batch.split(",")]
     limits = dict(max_context=args.prompt_len + args.steps + 32, max_batch=max(64, max(batches)), max_num_tokens=8192)
-    for arm in args.arms.split(","):
+    runs = [(arm, None) for arm in args.arms.split(",")]
+    if args.attention_split:
+        runs = [r for r in runs if r[0] != "detent"] + [("detent", int(s)) for s in args.attention_split.split(",")]
+    for arm, split in runs:
         model = load_model(path, arm, device="cuda", dtype=torch.bfloat16, **limits)
+        if split is not None:
+            model = load_model(path, arm, device="cuda", dtype=torch.bfloat16,
+                               commitment=attention_pinned(model, split, limits["max_context"]), **limits)
+            arm = f"detent, attention split {split}"
         for b in batches:
             g = torch.Generator().manual_seed(b)
             prompts = torch.randint(0, model.config.vocab_size, (b, args.prompt_len), generator=g).tolist()
             engine = Engine.for_requests(model, b, args.prompt_len + args.steps + 2, b)
-            wall, gpu, kernels = profile_decode(engine, prompts, args.steps)
+            wall, gpu, kernels, gaps = profile_decode(engine, prompts, args.steps)
             launches = sum(c for c, _ in kernels.values())
             print(f"\n## {args.model}, arm {arm}, batch {b}: {wall:.3f} ms/step wall, {gpu:.3f} ms/step GPU kernels "
-                  f"({launches:.0f} launches/step), {wall - gpu:.3f} ms/step host and gaps\n")
+                  f"({launches:.0f} launches/step), {wall - gpu:.3f} ms/step host and gaps: between kernels of a "
+                  f"step {gaps['in_graph_us'] / 1e3:.3f}, between steps {gaps['host_us'] / 1e3:.3f} (profiled run)\n")
+            print("largest gaps inside a step (µs/step): " + "; ".join(f"{k} {v:.1f}" for k, v in gaps["pairs"]))
             print("| kernel | launches/step | µs/step | µs/launch |\n|---|---|---|---|")
             for name, (c, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:args.top]:
                 print(f"| {name} | {c:.0f} | {us:.1f} | {us / c if c else float('nan'):.2f} |")

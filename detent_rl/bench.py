@@ -6,8 +6,8 @@ conservative configuration per op) and corun (stock's kernels held still by fixe
 alone, decode padded to the maximum concurrency) — loads the same checkpoint and runs the same cases; every ratio
 is an arm's time over stock's in this run. Cases:
 
-- `decode-1`, `decode-32`: batch 1 and 32, 128-token prompts, greedy; ms per decode step =
-  (T(N new tokens) - T(1)) / (N - 1), so the prefill is left out. Batch 1 also gives the % of the HBM
+- `decode-1`, `decode-32`: batch 1 and 32, 128-token prompts, greedy; ms per decode step: the
+  steps after every request's first token, timed alone (the prefill left out). Batch 1 also gives the % of the HBM
   roofline: the weights' bytes over the copy bandwidth measured in this run, over the step.
 - `poisson`: a seeded trace of requests (prompts 64-512 tokens, outputs 32-256, T = 1) arriving as a
   Poisson process at `--load` x stock's offline rate (the trace run all at once, as the paper sets its
@@ -43,7 +43,7 @@ from detent_rl.models.layers import Linear
 from detent_rl.models.model import CausalLM
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
-from detent_rl.timing import graph_seconds, median_seconds
+from detent_rl.timing import graph_seconds, median_seconds, sync
 
 ARMS = ("stock", "detent", "det", "corun")
 CASES = ("decode-1", "decode-32", "poisson", "grpo", "long", "gemm")
@@ -100,14 +100,13 @@ class Bench:
         return engine.generate(prompts, params)
 
     def decode(self, batch: int, prompt: int, new: int) -> dict:
-        """ms per decode step at `batch`: the N-token run minus the 1-token run, over N - 1 steps."""
+        """ms per decode step at `batch`: the steps after every request's first token, timed alone
+        (median of the repeats)."""
         prompts = _prompts(batch, prompt, self.vocab, seed=batch)
         engine = self._engine(batch, prompt + new, batch)
-        runs = {}
-        for n in (1, new):
-            params = [SamplingParams(seed=i, temperature=0.0, max_tokens=n) for i in range(batch)]
-            runs[n] = median_seconds(lambda: self._run(engine, prompts, params), self.device, self.shapes.repeats)
-        return {"ms_per_step": 1e3 * (runs[new] - runs[1]) / (new - 1)}
+        params = [SamplingParams(seed=i, temperature=0.0, max_tokens=new) for i in range(batch)]
+        times = [decode_step_seconds(engine, prompts, params) for _ in range(self.shapes.repeats + 1)][1:]
+        return {"ms_per_step": 1e3 * sorted(times)[len(times) // 2]}
 
     def poisson(self, arrivals: list[float], trace: list[tuple[list[int], SamplingParams]]) -> dict:
         """Serve the trace online, each request added at its arrival time; latency per output token."""
@@ -171,6 +170,21 @@ class Bench:
         return rows
 
 
+def decode_step_seconds(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> float:
+    """Seconds per engine step once every request has its first token (the prefill steps left out)."""
+    engine.flush_cache()
+    seqs = [engine.add(p, sp) for p, sp in zip(prompts, params)]
+    while not engine.idle and any(not s.completion for s in seqs):
+        engine.step()
+    sync(engine.model.device)
+    t0, steps = time.perf_counter(), 0
+    while not engine.idle:
+        engine.step()
+        steps += 1
+    sync(engine.model.device)
+    return (time.perf_counter() - t0) / max(steps, 1)
+
+
 def trace_of(shapes: Shapes, vocab: int) -> list[tuple[list[int], SamplingParams]]:
     rng = random.Random(11)
     return [([rng.randrange(vocab) for _ in range(rng.randint(*shapes.poisson_prompt))],
@@ -188,11 +202,11 @@ def poisson_arrivals(n: int, rate: float, seed: int = 3) -> list[float]:
 
 
 def run(load: Callable[[str], CausalLM], cases: list[str], shapes: Shapes, load_factor: float,
-        log: Callable[[str], None] = print) -> dict:
-    """Every case in every arm; the results by case and arm (with the run's facts)."""
-    results: dict[str, Any] = {"cases": {c: {} for c in cases}}
+        log: Callable[[str], None] = print, arms: tuple[str, ...] = ARMS) -> dict:
+    """Every case in every arm (stock first: the ratios' baseline); the results by case and arm."""
+    results: dict[str, Any] = {"cases": {c: {} for c in cases}, "arms": list(arms)}
     arrivals = None
-    for arm in ARMS:
+    for arm in arms:
         model = load(arm)
         b = Bench(model, shapes)
         if arm == "stock":
@@ -274,8 +288,9 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
     cases = [c for c in results["cases"] if c != "gemm" and results["cases"][c]]
     fig, ax = plt.subplots(figsize=(1.6 * len(cases) + 2, 3.5))
-    width = 0.8 / len(ARMS)
-    for j, arm in enumerate(ARMS):
+    arms = results.get("arms", ARMS)
+    width = 0.8 / len(arms)
+    for j, arm in enumerate(arms):
         ratios = [time_vs_stock(c, results["cases"][c][arm], results["cases"][c]["stock"]) for c in cases]
         ax.bar([i + j * width for i in range(len(cases))], ratios, width, label=arm)
     ax.axhline(1.0, color="black", linewidth=0.8)
@@ -294,6 +309,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     ap.add_argument("--commitment", help="the detent arm's tuple (default: the default tuple)")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)} (stock always runs)")
     ap.add_argument("--load", type=float, default=0.5, help="poisson: arrival rate as a share of stock's offline rate")
     ap.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
     ap.add_argument("--out", required=True, help="folder for bench.md, bench.json, bench.png")
@@ -302,6 +318,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         ap.error(f"--cases: unknown {unknown}; known: {', '.join(CASES)}")
+    asked = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if [a for a in asked if a not in ARMS]:
+        ap.error(f"--arms: unknown {[a for a in asked if a not in ARMS]}; known: {', '.join(ARMS)}")
+    arms = ("stock",) + tuple(a for a in ARMS if a != "stock" and a in asked)
     if not 0 < args.load <= 1.5:
         ap.error(f"--load {args.load}: give a share of stock's offline rate in (0, 1.5]")
     shapes = QUICK if args.quick else Shapes()
@@ -315,7 +335,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     commitment = CommitmentTuple.load(args.commitment) if args.commitment else None
     load = lambda arm: load_model(path, arm, device=args.device, dtype=getattr(torch, args.dtype),  # noqa: E731
                                   commitment=commitment if arm == "detent" else None, **limits)
-    results = run(load, cases, shapes, args.load)
+    results = run(load, cases, shapes, args.load, arms=arms)
     results.update(model=args.model, dtype=args.dtype, limits=limits, quick=args.quick,
                    commitment=commitment.sha256() if commitment else None)
     out = Path(args.out)
