@@ -54,6 +54,9 @@ TILE_CHOICES = {
 SCHEDULES = {bucket: choices[0] for bucket, choices in TILE_CHOICES.items()}  # the defaults
 # one flat table for the program: key bucket * 4 + choice
 TILES = {bucket * 4 + i: row for bucket, choices in TILE_CHOICES.items() for i, row in enumerate(choices)}
+# The LM head (N = 151,936) at M = 32 ran at 1.82x cuBLAS in the small-M buckets' 16x64 tiles and at
+# 1.0x in 64x128 ones (H200, bench/kernels_matmul_bench.py); its N tiles alone fill the SMs
+WIDE_N = 16384
 CHUNK_ALIGN = 128  # chunks are whole multiples of this: every schedule's BLOCK_K divides it
 
 
@@ -78,6 +81,8 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
     t2048 = knob("tile_2048", (0, 1, 2), 0)
     t8192 = knob("tile_8192", (0, 1, 2), 0)
     bucket = gemm_bucket(m) if by_m else 8192
+    if n >= WIDE_N and bucket < 512:
+        bucket = 512  # an output this wide fills the SMs with 64x128 tiles at any M
     choice = t8192
     if bucket == 32:
         choice = t32
