@@ -6,7 +6,8 @@ Run on a CUDA machine from the repository root:
 
 Prints one markdown table: per op and row count, the median time of the Triton kernel with the
 detent-pinned parameters, of the PyTorch equivalent (F.rms_norm where torch has it, else the HF
-formula; torch.log_softmax; F.silu * up; HF rotate_half; F.embedding), and their ratio
+formula; torch.log_softmax; F.silu * up; HF rotate_half; F.embedding; for the fused rotary + k/v
+cache store, our rotary then store_kv's index_put), and their ratio
 (> 1: Triton is slower). Times come from `triton.testing.do_bench` (CUDA events, L2 flushed).
 """
 from __future__ import annotations
@@ -18,10 +19,11 @@ import torch
 import torch.nn.functional as F
 import triton.testing
 
+from detent_rl.kernels.attention import store_kv
 from detent_rl.kernels.embedding import embedding
 from detent_rl.kernels.log_softmax import log_softmax, token_logprobs
 from detent_rl.kernels.rmsnorm import rmsnorm, rmsnorm_ref
-from detent_rl.kernels.rotary import apply_rotary, apply_rotary_ref, rope_cos_sin
+from detent_rl.kernels.rotary import apply_rotary, apply_rotary_ref, rope_cos_sin, rotary_store
 from detent_rl.kernels.programs.rows import elementwise_program
 from detent_rl.kernels.programs.rows import log_softmax_program
 from detent_rl.kernels.programs.rows import rmsnorm_program
@@ -90,6 +92,14 @@ def cases(rows: int, dtype: torch.dtype) -> list[tuple[str, Callable, Callable]]
     blk = _detent(elementwise_program, width=HEADS * HEAD_DIM)(rows).block
     out.append((f"rotary {HEADS}+{KV_HEADS}x{HEAD_DIM}", lambda: apply_rotary(q, k, pos, cos, sin, block=blk),
                 lambda: apply_rotary_ref(q, k, pos, cos, sin)))
+    # the decode step's fused rotary + k/v cache store, against our two rotary launches + store_kv's index_put
+    v = torch.randn_like(k)
+    k_cache = torch.zeros(rows // 16 + 1, 16, KV_HEADS, HEAD_DIM, device=dev, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    slots = torch.randperm(k_cache.shape[0] * 16, device=dev, generator=g)[:rows]
+    out.append((f"rotary+kv store {HEADS}+{KV_HEADS}x{HEAD_DIM}",
+                lambda: rotary_store(q, k, v, pos, cos, sin, k_cache, v_cache, slots, block=blk),
+                lambda: store_kv(*apply_rotary(q, k, pos, cos, sin, block=blk)[1:], v, k_cache, v_cache, slots)))
     weight = torch.randn(VOCAB, HIDDENS[0], device=dev, generator=g).to(dtype)
     blk = _detent(elementwise_program, width=HIDDENS[0])(rows).block
     out.append((f"embedding h={HIDDENS[0]}", lambda: embedding(ids, weight, block=blk),

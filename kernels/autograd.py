@@ -27,7 +27,7 @@ from detent_rl.kernels.embedding import embedding
 from detent_rl.kernels.log_softmax import token_logprobs, token_logprobs_ref
 from detent_rl.kernels.matmul import linear
 from detent_rl.kernels.rmsnorm import rmsnorm, rmsnorm_ref
-from detent_rl.kernels.rotary import apply_rotary, apply_rotary_ref
+from detent_rl.kernels.rotary import apply_rotary, apply_rotary_ref, rotary_store
 from detent_rl.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
 
 
@@ -132,10 +132,13 @@ def silu_and_mul_autograd(x: torch.Tensor, *, block: int) -> torch.Tensor:
     return _RefGrad.apply(lambda x: silu_and_mul(x, block=block), silu_and_mul_ref, x)
 
 
-def apply_rotary_autograd(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
-                          sin: torch.Tensor, *, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    if not _needs_grad(q, k):
-        return apply_rotary(q, k, positions, cos, sin, block=block)
+def rotary_store_autograd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                          cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          slots: torch.Tensor, *, block: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Rotated (q, k). Without a gradient one launch also stores k and v into the caches and k comes
+    back None (stored); with one, `attention_autograd` stores the returned k (the same bits)."""
+    if not _needs_grad(q, k, v):
+        return rotary_store(q, k, v, positions, cos, sin, k_cache, v_cache, slots, block=block), None
     # the kernels need a contiguous last dim, and so does HF's reference on views of the fused qkv
     return _RefGrad.apply(lambda q, k, p, c, s: apply_rotary(q, k, p, c, s, block=block), apply_rotary_ref,
                           q, k, positions, cos, sin)
@@ -191,13 +194,16 @@ def _padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts:
     return o.transpose(1, 2)[real].to(q.dtype)
 
 
-def attention_autograd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+def attention_autograd(q: torch.Tensor, k: Optional[torch.Tensor], v: torch.Tensor, k_cache: torch.Tensor,
                        v_cache: torch.Tensor, slots: torch.Tensor, meta: AttnMeta, *, scale: float,
                        **params: Any) -> torch.Tensor:
-    """store_kv + paged_attention (the engine's two calls); differentiable for one-shot prefills."""
+    """store_kv + paged_attention (the engine's two calls); differentiable for one-shot prefills.
+    k None: `rotary_store_autograd` already stored the step's k and v."""
     if not _needs_grad(q, k, v):
-        store_kv(k, v, k_cache, v_cache, slots)
+        if k is not None:
+            store_kv(k, v, k_cache, v_cache, slots)
         return paged_attention(q, k_cache, v_cache, meta, scale=scale, **params)
+    assert k is not None, "a differentiable step stores its own keys (rotary_store_autograd returns them)"
     if bool((meta.pos0 != 0).any()):
         raise ValueError("a differentiable attention step must prefill every sequence from position 0 "
                          "(its keys all in the step); this step has a cached prefix")

@@ -14,12 +14,17 @@ every product and sum rounded to the model dtype exactly as HF's eager bf16 ops 
     y[rot:]     = x[rot:]                               (partial rotary: the rest passes through)
 with h = rotary_dim / 2, p = positions[token], rnd = rounding to the model dtype (identity in
 fp32; the GPU kernel is compiled without FMA contraction so fp32 matches eager torch too).
+
+Apply and store (`rotary_store`), the no-grad forward's one launch per layer: the same rotation of
+q and k, and the new k with v written into the paged caches at each token's flat slot, exactly what
+`apply_rotary` + `attention.store_kv` give (the same `_rotate`, the same flags; a store moves bits).
 """
 from typing import Any
 
 import torch
 
 from detent_rl.kernels._triton import INDEX_DTYPES, check_block, require_triton, tl, triton, use_triton
+from detent_rl.kernels.attention import check_store, store_kv
 
 SEQUENCE_DEPENDENT = ("dynamic", "longrope")
 
@@ -66,20 +71,13 @@ def rope_cos_sin(config: Any, max_positions: int, device: torch.device | str,
 
 
 @triton.jit
-def _rotary_kernel(x_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, tok_stride, head_stride, n_heads, head_dim,
-                   rot_dim, BLOCK: tl.constexpr):
-    tok = tl.program_id(0).to(tl.int64)
-    idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # flat over (head, dim) of one token
-    valid = idx < n_heads * head_dim
-    head = idx // head_dim
-    d = idx % head_dim
+def _rotate(row, d, valid, pos, cos_ptr, sin_ptr, rot_dim):
+    """One token's values at `row + d` (d: dims of each lane's head), rotated; d >= rot_dim pass through."""
     half = rot_dim // 2
     rotated = valid & (d < rot_dim)
     partner = tl.where(d < half, d + half, d - half)
-    dtype = out_ptr.dtype.element_ty
-    pos = tl.load(pos_ptr + tok).to(tl.int64)
-    row = x_ptr + tok * tok_stride + head * head_stride
     x = tl.load(row + d, mask=valid, other=0.0)
+    dtype = x.dtype
     xp = tl.load(row + partner, mask=rotated, other=0.0).to(tl.float32)
     c = tl.load(cos_ptr + pos * rot_dim + d, mask=rotated, other=0.0).to(tl.float32)
     s = tl.load(sin_ptr + pos * rot_dim + d, mask=rotated, other=0.0).to(tl.float32)
@@ -87,7 +85,44 @@ def _rotary_kernel(x_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, tok_stride, head_s
     a = (x.to(tl.float32) * c).to(dtype)
     b = (xr * s).to(dtype)
     y = (a.to(tl.float32) + b.to(tl.float32)).to(dtype)
-    tl.store(out_ptr + tok * n_heads * head_dim + idx, tl.where(d < rot_dim, y, x), mask=valid)
+    return tl.where(d < rot_dim, y, x)
+
+
+@triton.jit
+def _rotary_kernel(x_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, tok_stride, head_stride, n_heads, head_dim,
+                   rot_dim, BLOCK: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # flat over (head, dim) of one token
+    valid = idx < n_heads * head_dim
+    pos = tl.load(pos_ptr + tok).to(tl.int64)
+    row = x_ptr + tok * tok_stride + (idx // head_dim) * head_stride
+    y = _rotate(row, idx % head_dim, valid, pos, cos_ptr, sin_ptr, rot_dim)
+    tl.store(out_ptr + tok * n_heads * head_dim + idx, y, mask=valid)
+
+
+@triton.jit
+def _rotary_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, pos_ptr, slot_ptr, cos_ptr,
+                         sin_ptr, q_tok_stride, q_head_stride, k_tok_stride, k_head_stride, v_tok_stride,
+                         v_head_stride, n_heads, n_kv_heads, head_dim, rot_dim, q_programs,
+                         BLOCK: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    pid = tl.program_id(1)
+    pos = tl.load(pos_ptr + tok).to(tl.int64)
+    if pid < q_programs:  # the token's q heads, rotated into q_out
+        idx = pid * BLOCK + tl.arange(0, BLOCK)
+        valid = idx < n_heads * head_dim
+        row = q_ptr + tok * q_tok_stride + (idx // head_dim) * q_head_stride
+        y = _rotate(row, idx % head_dim, valid, pos, cos_ptr, sin_ptr, rot_dim)
+        tl.store(q_out_ptr + tok * n_heads * head_dim + idx, y, mask=valid)
+    else:  # its k heads rotated, and its v heads as they are, into the caches at its slot
+        idx = (pid - q_programs) * BLOCK + tl.arange(0, BLOCK)
+        valid = idx < n_kv_heads * head_dim
+        head, d = idx // head_dim, idx % head_dim
+        at = tl.load(slot_ptr + tok).to(tl.int64) * n_kv_heads * head_dim + idx
+        y = _rotate(k_ptr + tok * k_tok_stride + head * k_head_stride, d, valid, pos, cos_ptr, sin_ptr, rot_dim)
+        tl.store(k_cache_ptr + at, y, mask=valid)
+        v = tl.load(v_ptr + tok * v_tok_stride + head * v_head_stride + d, mask=valid)
+        tl.store(v_cache_ptr + at, v, mask=valid)
 
 
 def _rotary_triton(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -112,9 +147,26 @@ def _rotary_torch(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
     return y if rest.shape[-1] == 0 else torch.cat((y, rest), dim=-1)
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor, *, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """New (q, k): q [tokens, heads, head_dim], k [tokens, kv_heads, head_dim], positions [tokens]."""
+def _rotary_store_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                         cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         slots: torch.Tensor, block: int) -> torch.Tensor:
+    # Slots are not range-checked on the GPU either: they must be < pages * page_size.
+    require_triton(q)
+    tokens, heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    q_out = torch.empty((tokens, heads, head_dim), dtype=q.dtype, device=q.device)
+    if tokens > 0:
+        q_programs = triton.cdiv(heads * head_dim, block)
+        grid = (tokens, q_programs + triton.cdiv(kv_heads * head_dim, block))
+        _rotary_store_kernel[grid](q, k, v, q_out, k_cache, v_cache, positions, slots, cos, sin, q.stride(0),
+                                   q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), heads,
+                                   kv_heads, head_dim, cos.shape[1], q_programs, BLOCK=block,
+                                   enable_fp_fusion=False)
+    return q_out
+
+
+def _check_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, block: int) -> None:
     assert q.dim() == 3 and k.dim() == 3 and q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2], \
         f"q, k must be [tokens, heads, head_dim], got {tuple(q.shape)} and {tuple(k.shape)}"
     assert q.stride(-1) == 1 and k.stride(-1) == 1, "q and k need a contiguous last dim"
@@ -126,10 +178,34 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos:
     assert q.dtype == k.dtype == cos.dtype == sin.dtype, "q, k and the cos/sin table share the model dtype"
     assert len({t.device for t in (q, k, positions, cos, sin)}) == 1, "all tensors on one device"
     check_block(block)
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, *, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """New (q, k): q [tokens, heads, head_dim], k [tokens, kv_heads, head_dim], positions [tokens]."""
+    _check_rotary(q, k, positions, cos, sin, block)
     if use_triton(q):
         positions, cos, sin = positions.contiguous(), cos.contiguous(), sin.contiguous()
         return _rotary_triton(q, positions, cos, sin, block), _rotary_triton(k, positions, cos, sin, block)
     return _rotary_torch(q, positions, cos, sin), _rotary_torch(k, positions, cos, sin)
+
+
+def rotary_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, *,
+                 block: int) -> torch.Tensor:
+    """`apply_rotary`'s new q; its new k, and v, written into the caches at `slots` as `store_kv` writes them.
+
+    One launch on the GPU (the decode step's rotary and cache store, per layer), the same elementwise
+    ops and roundings as the two calls; the CPU makes the two calls.
+    """
+    _check_rotary(q, k, positions, cos, sin, block)
+    check_store(k, v, k_cache, v_cache, slots)
+    if not use_triton(q):
+        q, k = apply_rotary(q, k, positions, cos, sin, block=block)
+        store_kv(k, v, k_cache, v_cache, slots)
+        return q
+    positions, cos, sin, slots = positions.contiguous(), cos.contiguous(), sin.contiguous(), slots.contiguous()
+    return _rotary_store_triton(q, k, v, positions, cos, sin, k_cache, v_cache, slots, block)
 
 
 def apply_rotary_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,

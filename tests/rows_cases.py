@@ -174,6 +174,45 @@ def logits_inputs(rows: int, vocab: int, dtype: torch.dtype, device: str = "cpu"
     return logits, ids
 
 
+def rotary_store_case(tokens: int, heads: int, kv_heads: int, head_dim: int, rotary_dim: int, dtype: torch.dtype,
+                      device: str = "cpu", page_size: int = 16, pad: int = 3, seed: int = 0) -> dict:
+    """One step's inputs to rotary + k/v store, as the model passes them: q, k, v views of one fused qkv
+    output, a rotate-half table of rotary_dim (<= head_dim), random caches and distinct random slots. The
+    last `pad` tokens are the decode graph's padding: the first pad row's inputs at position 0, all
+    written to one scratch slot (identical values, so the write order cannot matter)."""
+    g = torch.Generator().manual_seed(seed)
+    max_pos, pages = 4096, -(-tokens // page_size) + 2
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
+    freqs = torch.arange(max_pos).float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=g).to(dtype)
+    positions = torch.randint(0, max_pos, (tokens,), generator=g)
+    slots = torch.randperm((pages - 1) * page_size, generator=g)[:tokens]
+    if pad:
+        qkv[-pad:], positions[-pad:], slots[-pad:] = qkv[-pad], 0, (pages - 1) * page_size
+    qkv = qkv.to(device)
+    q, k, v = (t.view(tokens, -1, head_dim) for t in qkv.split([heads * head_dim, kv_heads * head_dim,
+                                                                   kv_heads * head_dim], dim=1))
+    k_cache = torch.randn(pages, page_size, kv_heads, head_dim, generator=g).to(dtype).to(device)
+    return dict(q=q, k=k, v=v, positions=positions.to(device), cos=emb.cos().to(dtype).to(device),
+                sin=emb.sin().to(dtype).to(device), k_cache=k_cache, v_cache=torch.randn_like(k_cache),
+                slots=slots.to(device))
+
+
+def rotary_store_failures(case: dict, fused: Callable, rotate: Callable) -> list[str]:
+    """Where `fused(q, k, v, positions, cos, sin, k_cache, v_cache, slots) -> q` differs in any bit from
+    `rotate(q, k, positions, cos, sin) -> (q, k)` then `store_kv`: the new q and both whole caches."""
+    from detent_rl.kernels.attention import store_kv
+    c = case
+    k_cache, v_cache = c["k_cache"].clone(), c["v_cache"].clone()
+    q = fused(c["q"], c["k"], c["v"], c["positions"], c["cos"], c["sin"], k_cache, v_cache, c["slots"])
+    ref_q, ref_k = rotate(c["q"], c["k"], c["positions"], c["cos"], c["sin"])
+    ref_k_cache, ref_v_cache = c["k_cache"].clone(), c["v_cache"].clone()
+    store_kv(ref_k, c["v"], ref_k_cache, ref_v_cache, c["slots"])
+    pairs = (("q", q, ref_q), ("k_cache", k_cache, ref_k_cache), ("v_cache", v_cache, ref_v_cache))
+    return [f"{name}: {_describe(a, b)}" for name, a, b in pairs if not torch.equal(_bits(a), _bits(b))]
+
+
 def _hf_configs() -> dict:
     from transformers import LlamaConfig, Qwen2Config
     return {

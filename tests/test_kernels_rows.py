@@ -6,6 +6,7 @@ only: the interpreter proves nothing about GPU bits (and it rounds fp32 -> bf16 
 """
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -17,14 +18,14 @@ import torch
 from detent_rl.kernels.embedding import embedding, embedding_ref
 from detent_rl.kernels.log_softmax import log_softmax, log_softmax_ref, token_logprobs, token_logprobs_ref
 from detent_rl.kernels.rmsnorm import rmsnorm, rmsnorm_ref
-from detent_rl.kernels.rotary import apply_rotary, apply_rotary_ref, rope_cos_sin, rope_inv_freq
+from detent_rl.kernels.rotary import apply_rotary, apply_rotary_ref, rope_cos_sin, rope_inv_freq, rotary_store
 from detent_rl.kernels.programs.rows import elementwise_program
 from detent_rl.kernels.programs.rows import log_softmax_program
 from detent_rl.kernels.programs.rows import rmsnorm_program
 from detent_rl.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import solve
-from rows_cases import (DTYPES, EPS, EXACT_TOL, LOGPROB_TOL, MAX_ROWS, TOL, _bits, _hf_configs, alone_vs_batch, invariance_failures, log_softmax_run, logits_inputs, rmsnorm_inputs, rmsnorm_run, rstd_witness_rows, selectors)
+from rows_cases import (DTYPES, EPS, EXACT_TOL, LOGPROB_TOL, MAX_ROWS, TOL, _bits, _hf_configs, alone_vs_batch, invariance_failures, log_softmax_run, logits_inputs, rmsnorm_inputs, rmsnorm_run, rotary_store_case, rotary_store_failures, rstd_witness_rows, selectors)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,6 +195,22 @@ def test_apply_rotary_is_hf_and_invariant(dtype, rotary_dim):
     assert not failures, "\n".join(failures[:20])
 
 
+@pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("rotary_dim", [64, 32])  # full and partial rotary (head_dim 64)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_store_is_apply_rotary_then_store_kv(dtype, rotary_dim, slot_dtype):
+    _, detent = selectors(elementwise_program, width=14 * 64)
+    for tokens, pad in ((1, 0), (37, 5)):  # a decode row; a batch with the graph's padding rows
+        case = rotary_store_case(tokens, 14, 2, 64, rotary_dim, dtype, pad=pad)
+        case["slots"] = case["slots"].to(slot_dtype)
+        block = detent(tokens).block
+        fused = functools.partial(rotary_store, block=block)
+        unfused = functools.partial(apply_rotary, block=block)
+        failures = rotary_store_failures(case, fused, unfused)
+        assert not failures, "\n".join(failures)
+        assert rotary_store_failures(case, fused, lambda q, k, *_: (q, k)), "negative control: no rotation"
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_embedding_matches_reference_and_is_invariant(dtype):
     g = torch.Generator().manual_seed(0)
@@ -216,7 +233,8 @@ _INTERPRETED = textwrap.dedent("""
     from detent_rl.kernels.rmsnorm import _rmsnorm_triton, rmsnorm_ref
     from detent_rl.kernels.log_softmax import _log_softmax_triton, _token_logprobs_triton, log_softmax_ref
     from detent_rl.kernels.silu_and_mul import _silu_and_mul_triton, silu_and_mul_ref
-    from detent_rl.kernels.rotary import _rotary_triton, _rotary_torch
+    from detent_rl.kernels.rotary import _rotary_store_triton, _rotary_triton, _rotary_torch
+    from rows_cases import rotary_store_case, rotary_store_failures
     from detent_rl.kernels.embedding import _embedding_triton
     g = torch.Generator().manual_seed(0)
     # the interpreter rounds fp32 -> bf16 toward zero, so bf16 is compared to within two bf16 steps
@@ -246,6 +264,11 @@ _INTERPRETED = textwrap.dedent("""
         q = torch.randn(6, 3, 48, generator=g).to(dt)  # partial rotary: 32 of 48 dims
         pos = torch.randint(0, 64, (6,), generator=g)
         torch.testing.assert_close(_rotary_triton(q, pos, cos, sin, 32), _rotary_torch(q, pos, cos, sin), **tol[dt])
+        for rot in (48, 32):  # rotary + k/v store in one kernel == the rotary kernel then store_kv, bit for bit
+            case = rotary_store_case(9, 3, 2, 48, rot, dt, page_size=4)
+            failures = rotary_store_failures(case, lambda *a: _rotary_store_triton(*a, 32),
+                                             lambda q, k, *a: (_rotary_triton(q, *a, 32), _rotary_triton(k, *a, 32)))
+            assert not failures, failures
         emb_w = torch.randn(50, 100, generator=g).to(dt)
         emb_ids = torch.randint(0, 50, (7,), generator=g)
         assert torch.equal(_embedding_triton(emb_ids, emb_w, 64), emb_w[emb_ids])
@@ -256,6 +279,7 @@ _INTERPRETED = textwrap.dedent("""
 def test_triton_kernels_under_interpreter(tmp_path):
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])  # rows_cases
     proc = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True,
                           timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr

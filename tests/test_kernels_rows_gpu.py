@@ -4,20 +4,23 @@ selection at realistic sizes, and the stock selection visibly is not. Run on the
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 from detent_rl.kernels.embedding import embedding, embedding_ref
 from detent_rl.kernels.log_softmax import log_softmax, log_softmax_ref, token_logprobs, token_logprobs_ref
 from detent_rl.kernels.rmsnorm import rmsnorm, rmsnorm_ref
-from detent_rl.kernels.rotary import apply_rotary, apply_rotary_ref, rope_cos_sin
+from detent_rl.kernels.rotary import apply_rotary, apply_rotary_ref, rope_cos_sin, rotary_store
 from detent_rl.kernels.programs.rows import elementwise_program
 from detent_rl.kernels.programs.rows import log_softmax_program
 from detent_rl.kernels.programs.rows import rmsnorm_program
 from detent_rl.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
 from rows_cases import (DTYPES, EPS, LOGPROB_TOL, TOL, _bits, _hf_configs, alone_vs_batch,
                                invariance_failures, log_softmax_run, logits_inputs, rmsnorm_inputs,
-                               rmsnorm_run, row_mismatches, rstd_witness_rows, selectors)
+                               rmsnorm_run, rotary_store_case, rotary_store_failures, row_mismatches,
+                               rstd_witness_rows, selectors)
 
 pytestmark = pytest.mark.gpu
 
@@ -196,6 +199,22 @@ def test_apply_rotary(dtype, rotary_dim):
         i = idx.to(DEV)
         return apply_rotary(q[i], k[i], pos[i], cos, sin, block=detent(idx.numel()).block)
     _check(invariance_failures(run, SIZES))
+
+
+@pytest.mark.parametrize("tokens", [1, 32, 300])  # decode at batch 1 and 32 (the profiled steps), a prefill
+@pytest.mark.parametrize("partial", [False, True])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(14, 2, 64), (16, 8, 128)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_store_is_apply_rotary_then_store_kv(dtype, heads, kv_heads, head_dim, partial, tokens):
+    # one launch == the two rotary launches then store_kv, bit for bit: the new q and both whole caches
+    _, detent = selectors(elementwise_program, width=heads * head_dim)
+    block = detent(tokens).block
+    for slot_dtype in (torch.int64, torch.int32):
+        case = rotary_store_case(tokens, heads, kv_heads, head_dim, head_dim // 2 if partial else head_dim, dtype,
+                                 DEV, pad=min(3, tokens - 1))
+        case["slots"] = case["slots"].to(slot_dtype)
+        _check(rotary_store_failures(case, functools.partial(rotary_store, block=block),
+                                     functools.partial(apply_rotary, block=block)))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -18,7 +18,7 @@ import detent_rl.kernels.autograd as autograd
 from detent_rl.kernels.selections import KernelSelections
 from detent_rl.models import (CausalLM, WeightsError, ModelConfig, ModelConfigError, deployment_for,
                               get_context, load_model, set_context)
-from detent_rl.models.runner import SequenceRunner, prefill_batch
+from detent_rl.models.runner import SequenceRunner, completion_logprobs, prefill_batch
 
 VOCAB = 300
 BASE = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
@@ -109,18 +109,28 @@ def test_tied_embeddings_share_one_tensor(tmp_path):
         torch.testing.assert_close(logits, hf_logits(hf, tokens), **TOL[torch.float32])
 
 
-def test_forward_runs_only_our_kernels(tmp_path, monkeypatch):
+@pytest.mark.parametrize("grad", [False, True])
+def test_forward_runs_only_our_kernels(tmp_path, monkeypatch, grad):
     model = load_model(save(hf_model("qwen3"), tmp_path), "detent", "cpu", torch.float32, **LIMITS)
     for name in ("linear", "embedding", "silu", "rms_norm", "scaled_dot_product_attention", "softmax"):
         monkeypatch.setattr(F, name, _forbidden(name))
     calls: dict[str, int] = {}
-    kernels = ("linear", "rmsnorm", "embedding", "silu_and_mul", "apply_rotary", "store_kv", "paged_attention")
+    kernels = ("linear", "rmsnorm", "embedding", "silu_and_mul", "apply_rotary", "rotary_store", "store_kv",
+               "paged_attention")
     for name in kernels:  # the layers reach every kernel launcher through kernels.autograd's <op>_autograd
         monkeypatch.setattr(autograd, name, _counted(getattr(autograd, name), name, calls))
-    prefill_batch(model, model.allocate_kv_cache(8), sequences(4, (9, 12)))
+    seqs = sequences(4, (9, 12))
+    if grad:  # the trainer's forward: every op recorded for its backward
+        for p in model.parameters():
+            p.requires_grad_(True)
+        completion_logprobs(model, [(s, 3) for s in seqs], [1.0] * len(seqs))
+    else:
+        prefill_batch(model, model.allocate_kv_cache(8), seqs)
     n = model.config.num_hidden_layers
-    assert calls == {"embedding": 1, "rmsnorm": 4 * n + 1, "linear": 4 * n + 1, "apply_rotary": n,
-                     "store_kv": n, "paged_attention": n, "silu_and_mul": n}
+    # without a gradient rotary and the k/v store are one launch per layer; with one, the two calls
+    rotary = {"apply_rotary": n, "store_kv": n} if grad else {"rotary_store": n}
+    assert calls == {"embedding": 1, "rmsnorm": 4 * n + 1, "linear": 4 * n + 1, "paged_attention": n,
+                     "silu_and_mul": n, **rotary}
 
 
 def _forbidden(name: str):

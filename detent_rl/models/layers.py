@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from detent_rl.kernels.autograd import (apply_rotary_autograd, attention_autograd, embedding_autograd,
-                                       linear_autograd, rmsnorm_autograd, silu_and_mul_autograd)
+from detent_rl.kernels.autograd import (attention_autograd, embedding_autograd, linear_autograd,
+                                       rmsnorm_autograd, rotary_store_autograd, silu_and_mul_autograd)
 from detent_rl.kernels.matmul import launch_params, stock_linear
 from detent_rl.kernels.selections import KernelSelections
 from detent_rl.models.config import ModelConfig
@@ -120,9 +120,12 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", sin, persistent=False)
         self._select = selections.get("elementwise", width=width)  # width: q heads x head_dim
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        return apply_rotary_autograd(q, k, positions, self.cos, self.sin, block=self._select(q.shape[0]).block)
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rotated (q, k); k is None when the same launch stored k and v into the caches (no gradient)."""
+        return rotary_store_autograd(q, k, v, positions, self.cos, self.sin, k_cache, v_cache, slots,
+                                     block=self._select(q.shape[0]).block)
 
 
 class MLP(nn.Module):
@@ -173,8 +176,8 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(tokens, self.num_heads, self.head_dim)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
         k_cache, v_cache = ctx.kv_caches[self.layer_idx]
+        q, k = self.rotary(positions, q, k, v, k_cache, v_cache, ctx.slots)
         s = self._select(ctx.num_seqs, ctx.max_seqlen_q, tokens, ctx.max_seqlen_k)
         if s.block_m != ctx.meta.block_m:
             raise RuntimeError(f"the step's AttnMeta was built with block_m={ctx.meta.block_m} but the attention "
