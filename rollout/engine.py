@@ -164,13 +164,13 @@ class Engine:
         p = [s.seq.params for s in sampling]
         # a decode step's logprob selection is the one its graph ran at: the padded size
         cfg = self._select_logprobs(self.graphs.size_for(len(sampling)) if graphed else len(sampling))
-        tokens, logprobs = sample(
-            logits, torch.tensor([x.seed for x in p], dtype=torch.int64, device=dev),
-            torch.tensor([len(s.seq) for s in sampling], dtype=torch.int64, device=dev),
-            temperature=torch.tensor([x.temperature for x in p], dtype=torch.float32, device=dev),
-            top_k=torch.tensor([x.top_k for x in p], dtype=torch.int64, device=dev),
-            top_p=torch.tensor([x.top_p for x in p], dtype=torch.float32, device=dev),
-            block=cfg.block, num_warps=cfg.num_warps)
+        # two host tensors and two copies (torch.tensor(..., device=cuda) would copy and sync five times)
+        ints = torch.tensor([[x.seed for x in p], [len(s.seq) for s in sampling], [x.top_k for x in p]],
+                            dtype=torch.int64).to(dev, non_blocking=True)
+        floats = torch.tensor([[x.temperature for x in p], [x.top_p for x in p]],
+                              dtype=torch.float32).to(dev, non_blocking=True)
+        tokens, logprobs = sample(logits, ints[0], ints[1], temperature=floats[0], top_k=ints[2], top_p=floats[1],
+                                  block=cfg.block, num_warps=cfg.num_warps)
         return {s.seq.seq_id: (t, lp) for s, t, lp in zip(sampling, tokens.tolist(), logprobs.tolist())}
 
     @torch.inference_mode()
