@@ -12,6 +12,7 @@ visible. A preempted request's scheduled-but-uncomputed blocks are unregistered.
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -21,7 +22,7 @@ from detent_rl.rollout.sequence import Sequence
 def block_hash(tokens: list[int], prefix: bytes) -> bytes:
     """The hash of a full block: its tokens chained to the hash of every block before it."""
     h = hashlib.blake2b(prefix, digest_size=16)
-    h.update(b"".join(t.to_bytes(4, "little", signed=False) for t in tokens))
+    h.update(struct.pack(f"<{len(tokens)}I", *tokens))  # each token as 4 little-endian unsigned bytes
     return h.digest()
 
 
@@ -114,17 +115,18 @@ class BlockManager:
 
     def can_append(self, seq: Sequence) -> bool:
         """Whether the newest token (position len-1) has a slot, or a free block can give it one."""
-        return (len(seq) - 1) // self.block_size < len(seq.block_table) or self.num_free >= 1
+        return (len(seq.tokens) - 1) // self.block_size < len(seq.block_table) or bool(self.free)
 
     def may_append(self, seq: Sequence) -> None:
         """Give the newest token a slot; a block it leaves behind full is hashed for reuse."""
-        if (len(seq) - 1) // self.block_size < len(seq.block_table):
+        if (len(seq.tokens) - 1) // self.block_size < len(seq.block_table):  # the common case: room in the last page
             return
         last = self.blocks[seq.block_table[-1]]
         if last.hash is None:  # filled during decode: every one of its keys is computed now
             i = len(seq.block_table) - 1
             prev = self.blocks[seq.block_table[i - 1]].hash if i > 0 else b""
-            last.hash, last.tokens = block_hash(seq.block_tokens(i), prev or b""), seq.block_tokens(i)
+            tokens = seq.block_tokens(i)
+            last.hash, last.tokens = block_hash(tokens, prev or b""), tokens
             self.by_hash.setdefault(last.hash, last.id)
         if not self.free:
             raise RuntimeError(f"no free block for sequence {seq.seq_id}")
@@ -141,4 +143,9 @@ class BlockManager:
 
     def slot(self, seq: Sequence, position: int) -> int:
         """The flat cache slot (page * block_size + offset) of a token position."""
-        return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
+        return self.slots([seq], [position])[0]
+
+    def slots(self, seqs: list[Sequence], positions: list[int]) -> list[int]:
+        """The flat cache slot of `positions[i]` in `seqs[i]`, for each i."""
+        n = self.block_size
+        return [q.block_table[p // n] * n + p % n for q, p in zip(seqs, positions)]

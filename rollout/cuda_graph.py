@@ -2,12 +2,14 @@
 
 A decode step launches a few hundred small kernels; eager launches cost ~10 us each, a graph
 replay ~1 us. One graph is captured per padded batch size (on first use), over static input
-buffers that every replay refills: token ids, positions, cache slots, page tables, and the
-sampler's seeds and temperatures. Where every row of the step is unfiltered (no top-k/top-p) and
-takes its logprob at one temperature — RL's usual decode — the graph also samples (the seeded
-sampler is a pure function of seed, position and logits) and the step's host work is one staged
-copy in and one copy of the tokens and logprobs out; otherwise the graph returns logits and the
-engine samples eagerly. A graph is captured per (padded size, that temperature).
+buffers that every replay refills, all views of one device buffer filled by one copy a step from
+its pinned host twin: token ids, positions, cache slots, page tables, and the sampler's seeds and
+temperatures (a page-table row is rewritten on the host only when its pages changed). Where every
+row of the step is unfiltered (no top-k/top-p) and takes its logprob at one temperature — RL's
+usual decode — the graph also samples (the seeded sampler is a pure function of seed, position
+and logits) and the step's host work is that copy in and a copy each of the tokens and logprobs
+out; otherwise the graph returns logits and the engine samples eagerly. A graph is captured per
+(padded size, that temperature).
 
 Why padding cannot change a request's bits in the pinned arms: a graph replays the kernels with
 the parameters the selectors returned at capture, for the padded size. With the selection pinned
@@ -23,6 +25,8 @@ invariant: a request's bits follow the size its batch pads to.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from detent_rl.kernels.attention import AttnMeta
@@ -35,6 +39,22 @@ def capture_sizes(max_batch: int) -> list[int]:
     """1, 2, 4, 8, then every multiple of 8 up to max_batch (and max_batch itself)."""
     sizes = [b for b in (1, 2, 4) if b < max_batch] + list(range(8, max_batch, 8)) + [max_batch]
     return sorted(set(sizes))
+
+
+def _carve(layout: list[tuple[torch.dtype, tuple[int, ...]]], device: torch.device,
+           pin: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One zeroed byte buffer (pinned host memory with `pin`) and a view of it per (dtype, shape) of
+    `layout`, each view starting at a multiple of 256 bytes: a kernel sees the alignment a tensor
+    of its own would have, so the Triton specializations do not change."""
+    offsets, end = [], 0
+    for dtype, shape in layout:
+        offsets.append(end)
+        end += -(-math.prod(shape) * dtype.itemsize // 256) * 256
+    buf = torch.zeros(end, dtype=torch.uint8, device=device)
+    if pin:
+        buf = buf.pin_memory()
+    return buf, [buf[at:at + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+                 for at, (dtype, shape) in zip(offsets, layout)]
 
 
 class DecodeGraphs:
@@ -59,19 +79,31 @@ class DecodeGraphs:
             for b in self.sizes:  # refuse before anything is captured, naming what reads the batch
                 self._check_pinned(b)
         dev, B = model.device, self.max_batch
-        # inputs: token ids, positions, slots and seeds as rows of one int64 block, staged through pinned
-        # host memory in one copy a step (positions are int32 for the kernels: converted in the graph)
-        self.inputs = torch.zeros(4, B, dtype=torch.int64, device=dev)
+        # the inputs every replay reads, as views of one device buffer that one copy a step fills from
+        # its pinned host twin: token ids, positions, slots and seeds as rows of one int64 block
+        # (positions are int32 for the kernels: converted in the graph), temperatures, page tables
+        layout = [(torch.int64, (4, B)), (torch.float32, (B,)), (torch.int32, (B, self.max_pages))]
+        host = torch.device("cpu")
+        self._device_bytes, (self.inputs, self.temps, self.block_table) = _carve(layout, dev, False)
+        self._host_bytes, (self.staged, self.staged_temps, self.staged_table) = _carve(layout, host, capture)
         self.input_ids, self.positions64, self.slots, self.seeds = self.inputs.unbind(0)
         self.positions = torch.zeros(B, dtype=torch.int32, device=dev)
-        self.temps = torch.ones(B, dtype=torch.float32, device=dev)
-        self.block_table = torch.full((B, self.max_pages), scratch_page, dtype=torch.int32, device=dev)
+        for temps, table in ((self.temps, self.block_table), (self.staged_temps, self.staged_table)):
+            temps.fill_(1.0)
+            table.fill_(scratch_page)
+        # numpy views of the host twin: a step writes its rows there without a torch op per row
+        self._host_inputs, self._host_temps, self._host_table = (
+            t.numpy() for t in (self.staged, self.staged_temps, self.staged_table))
+        # the pages each host table row holds (a copy of a sequence's table when it was written): a
+        # step rewrites only the rows whose pages changed (a decode fills a page every page_size steps)
+        self._scratch_row = [scratch_page]
+        self._held: list[list[int]] = [self._scratch_row] * B
+        self._uploads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # b -> (device, host) prefix
         pin = (lambda t: t.pin_memory()) if capture else (lambda t: t)  # noqa: E731
-        self.staged = pin(torch.zeros(4, B, dtype=torch.int64))
-        self.staged_temps = pin(torch.ones(B, dtype=torch.float32))
-        self.staged_table = pin(torch.full((B, self.max_pages), scratch_page, dtype=torch.int32))
         self.out_tokens = pin(torch.zeros(B, dtype=torch.int64))
         self.out_logprobs = pin(torch.zeros(B, dtype=torch.float32))
+        self._out_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # b -> the outputs' first b rows
+        self._out_np = (self.out_tokens.numpy(), self.out_logprobs.numpy())
         self.cu_q = torch.arange(B + 1, dtype=torch.int32, device=dev)
         self.rows = torch.arange(B, dtype=torch.int32, device=dev)
         self.graphs: dict[tuple[int, float | None], torch.cuda.CUDAGraph] = {}
@@ -101,6 +133,7 @@ class DecodeGraphs:
         return ForwardContext(meta=meta, slots=self.slots[:b], kv_caches=self.caches, num_seqs=b, max_seqlen_q=1,
                               max_seqlen_k=self.max_context)
 
+    @torch.inference_mode()
     def _forward(self, b: int, temperature: float | None) -> object:
         self.positions[:b].copy_(self.positions64[:b])
         with set_context(self._context(b)):
@@ -133,31 +166,45 @@ class DecodeGraphs:
         n = len(tokens)
         if not n == len(positions) == len(slots) == len(tables):
             raise ValueError("tokens, positions, slots and page tables must have one entry per sequence")
-        longest = max(len(t) for t in tables)
-        if longest > self.max_pages:
-            raise ValueError(f"a page table of {longest} pages exceeds the deployment's {self.max_pages}")
         return self.size_for(n)
 
     def _stage(self, b: int, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
                seeds: list[int] | None, temps: list[float] | None) -> None:
-        """Fill the static inputs of n sequences through the pinned buffers, in one copy each; rows
-        n..b-1 (the padding) take token 0 at position 0 in the scratch page."""
+        """Write the rows of n sequences into the pinned host buffers; rows n..b-1 (the padding) take
+        token 0 at position 0 in the scratch page. A page-table row is rewritten only when its pages
+        changed (entries past a row's own pages are never read, so they may be stale)."""
         if self._copied is not None:
-            self._copied.synchronize()  # the previous step's copies have left the pinned buffers
-        n, pad = len(tokens), b - len(tokens)
-        longest = max(len(t) for t in tables)
-        rows = [tokens + [0] * pad, positions + [0] * pad, slots + [self.scratch * self.model.page_size] * pad,
-                (seeds if seeds is not None else [0] * n) + [0] * pad]
-        self.staged[:, :b].copy_(torch.tensor(rows, dtype=torch.int64))
-        flat = [p for t in tables for p in (*t, *[self.scratch] * (longest - len(t)))]
-        self.staged_table[:n, :longest].copy_(torch.tensor(flat, dtype=torch.int32).view(n, longest))
-        self.staged_table[n:b] = self.scratch  # (entries past a row's own pages are never read)
-        self.inputs.copy_(self.staged, non_blocking=True)
-        self.block_table[:b].copy_(self.staged_table[:b], non_blocking=True)
+            self._copied.synchronize()  # the previous step's copy has left the pinned buffers
+        n = len(tokens)
+        x = self._host_inputs
+        x[0, :n], x[1, :n], x[2, :n] = tokens, positions, slots
+        x[3, :n] = seeds if seeds is not None else 0
+        x[:, n:b] = 0
+        x[2, n:b] = self.scratch * self.model.page_size
         if temps is not None:
-            self.staged_temps[:n].copy_(torch.tensor(temps, dtype=torch.float32))
-            self.staged_temps[n:b] = 1.0
-            self.temps[:b].copy_(self.staged_temps[:b], non_blocking=True)
+            self._host_temps[:n] = temps
+            self._host_temps[n:b] = 1.0
+        held, table = self._held, self._host_table
+        for i, pages in enumerate(tables):
+            if pages != held[i]:
+                if len(pages) > self.max_pages:
+                    raise ValueError(f"a page table of {len(pages)} pages exceeds the deployment's {self.max_pages}")
+                table[i, :len(pages)] = pages
+                held[i] = list(pages)
+        for i in range(n, b):  # a padding row reads its first page only
+            if held[i] is not self._scratch_row:
+                table[i, 0] = self.scratch
+                held[i] = self._scratch_row
+
+    def _upload(self, b: int) -> None:
+        """Copy the staged inputs of a b-row step to the device: one copy of the host buffer's prefix
+        up to the page table's row b."""
+        views = self._uploads.get(b)
+        if views is None:
+            table_at = self.staged_table.data_ptr() - self._host_bytes.data_ptr()
+            end = table_at + b * self.staged_table.stride(0) * self.staged_table.element_size()
+            views = self._uploads[b] = (self._device_bytes[:end], self._host_bytes[:end])
+        views[0].copy_(views[1], non_blocking=True)
         if self._copied is not None:
             self._copied.record()
 
@@ -166,22 +213,21 @@ class DecodeGraphs:
         """Stage the step's inputs and replay its graph (captured on first use): its outputs."""
         b = self._padded_size(tokens, positions, slots, tables)
         key = (b, temperature)
-        if self.capture and key not in self.graphs:
-            self._capture(key)
         self._stage(b, tokens, positions, slots, tables, seeds, temps)
+        if self.capture and key not in self.graphs:
+            self._capture(key)  # on the device inputs, which the upload then overwrites
+        self._upload(b)
         if not self.capture:  # the same padded step, run eagerly
             return self._forward(*key)
         self.graphs[key].replay()
         self.model.selections.replayed(self.calls[key])  # a tuner's profile counts the replayed launches
         return self.outputs[key]
 
-    @torch.inference_mode()
     def run(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]]) -> torch.Tensor:
         """Logits [n, vocab] of one decode step: token i at `positions[i]` written to `slots[i]`,
         attending over the pages `tables[i]`. The returned tensor is overwritten by the next replay."""
         return self._launch(tokens, positions, slots, tables, None, None, None)[:len(tokens)]
 
-    @torch.inference_mode()
     def sample(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
                seeds: list[int], temps: list[float], temperature: float) -> tuple[list[int], list[float]]:
         """One decode step that also samples, inside the graph: each row's next token (sampled at
@@ -189,8 +235,12 @@ class DecodeGraphs:
         The rows must suit `sample_unfiltered` (the engine checks); one host sync, to read them."""
         n = len(tokens)
         out_tokens, out_logprobs = self._launch(tokens, positions, slots, tables, seeds, temps, temperature)
-        self.out_tokens[:n].copy_(out_tokens[:n], non_blocking=True)
-        self.out_logprobs[:n].copy_(out_logprobs[:n], non_blocking=True)
+        b = out_tokens.shape[0]
+        views = self._out_views.get(b)
+        if views is None:
+            views = self._out_views[b] = (self.out_tokens[:b], self.out_logprobs[:b])
+        views[0].copy_(out_tokens, non_blocking=True)
+        views[1].copy_(out_logprobs, non_blocking=True)
         if self.capture:
             torch.cuda.current_stream().synchronize()
-        return self.out_tokens[:n].tolist(), self.out_logprobs[:n].tolist()
+        return self._out_np[0][:n].tolist(), self._out_np[1][:n].tolist()

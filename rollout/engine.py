@@ -105,7 +105,9 @@ class Engine:
         spans = self.scheduler.schedule()
         if not spans:
             raise RuntimeError("the scheduler made no progress (cache too small for the waiting request?)")
-        return self.scheduler.postprocess(spans, self._step(spans))
+        with torch.inference_mode():  # (not a decorator: its wrapper costs as much again, every step)
+            tokens = self._step(spans)
+        return self.scheduler.postprocess(spans, tokens)
 
     def _graphed(self, spans: list[Span]) -> bool:
         """Whether the step is a decode step the captured graphs serve: one new token per sequence, each
@@ -116,8 +118,8 @@ class Engine:
     def _decode_inputs(self, spans: list[Span]) -> tuple[list[int], list[int], list[int], list[list[int]]]:
         seqs = [s.seq for s in spans]
         pos = [s.start for s in spans]
-        return ([q.tokens[p] for q, p in zip(seqs, pos)], pos, [self.blocks.slot(q, p) for q, p in zip(seqs, pos)],
-                [q.block_table for q in seqs])
+        tables = [q.block_table for q in seqs]
+        return [q.tokens[p] for q, p in zip(seqs, pos)], pos, self.blocks.slots(seqs, pos), tables
 
     def _logits(self, spans: list[Span], graphed: bool) -> torch.Tensor | None:
         """The step's forward; logits of each sampling span's last token (None if none samples)."""
@@ -138,13 +140,13 @@ class Engine:
     def _graph_temperature(params: list[SamplingParams]) -> float | None:
         """The one temperature every row takes its logprob at (greedy rows: 1.0), if the rows need no
         top-k/top-p: then the decode graph samples too. None otherwise."""
-        temps = {p.temperature if p.temperature > 0 else 1.0 for p in params}
-        if len(temps) != 1 or not all(unfiltered(p.temperature, p.top_k, p.top_p) for p in params):
+        rows = {(p.temperature, p.top_k, p.top_p) for p in params}  # a step's rows share a few settings
+        temps = {t if t > 0 else 1.0 for t, _, _ in rows}
+        if len(temps) != 1 or not all(unfiltered(*r) for r in rows):
             return None
         t = temps.pop()
         return t if math.isfinite(t) else None
 
-    @torch.inference_mode()
     def _step(self, spans: list[Span]) -> dict[int, tuple[int, float]]:
         graphed = self._graphed(spans)
         if graphed:
@@ -153,7 +155,7 @@ class Engine:
             if temperature is not None:  # sampled inside the graph: one copy in, one copy out
                 tokens, logprobs = self.graphs.sample(*self._decode_inputs(spans), [p.seed for p in params],
                                                       [p.temperature for p in params], temperature)
-                return {s.seq.seq_id: (t, lp) for s, t, lp in zip(spans, tokens, logprobs)}
+                return dict(zip([s.seq.seq_id for s in spans], zip(tokens, logprobs)))
         logits = self._logits(spans, graphed)
         if logits is None:
             return {}
@@ -162,13 +164,13 @@ class Engine:
         p = [s.seq.params for s in sampling]
         # a decode step's logprob selection is the one its graph ran at: the padded size
         cfg = self._select_logprobs(self.graphs.size_for(len(sampling)) if graphed else len(sampling))
-        tokens, logprobs = sample(
-            logits, torch.tensor([x.seed for x in p], dtype=torch.int64, device=dev),
-            torch.tensor([len(s.seq) for s in sampling], dtype=torch.int64, device=dev),
-            temperature=torch.tensor([x.temperature for x in p], dtype=torch.float32, device=dev),
-            top_k=torch.tensor([x.top_k for x in p], dtype=torch.int64, device=dev),
-            top_p=torch.tensor([x.top_p for x in p], dtype=torch.float32, device=dev),
-            block=cfg.block, num_warps=cfg.num_warps)
+        # two host tensors and two copies (torch.tensor(..., device=cuda) would copy and sync five times)
+        ints = torch.tensor([[x.seed for x in p], [len(s.seq) for s in sampling], [x.top_k for x in p]],
+                            dtype=torch.int64).to(dev, non_blocking=True)
+        floats = torch.tensor([[x.temperature for x in p], [x.top_p for x in p]],
+                              dtype=torch.float32).to(dev, non_blocking=True)
+        tokens, logprobs = sample(logits, ints[0], ints[1], temperature=floats[0], top_k=ints[2], top_p=floats[1],
+                                  block=cfg.block, num_warps=cfg.num_warps)
         return {s.seq.seq_id: (t, lp) for s, t, lp in zip(sampling, tokens.tolist(), logprobs.tolist())}
 
     @torch.inference_mode()

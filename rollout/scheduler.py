@@ -15,17 +15,22 @@ from detent_rl.rollout.block_manager import BlockManager
 from detent_rl.rollout.sequence import Sequence, Status
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Span:
-    """`count` tokens of `seq` starting at absolute position `start`, computed in one step."""
+    """`count` tokens of `seq` starting at absolute position `start`, computed in one step; `samples`:
+    whether the span ends at the sequence's newest token (its logits pick the next one).
+
+    Made per running sequence per step, so a plain slotted record: a frozen dataclass would set each
+    field through object.__setattr__ (1.7x the cost to make), and nothing changes a span once made."""
     seq: Sequence
     start: int
     count: int
+    samples: bool
 
-    @property
-    def samples(self) -> bool:
-        """Whether this span ends at the sequence's newest token (its logits pick the next one)."""
-        return self.start + self.count == len(self.seq)
+
+def _chunk(seq: Sequence, n: int) -> Span:
+    """The next `n` uncomputed tokens of seq."""
+    return Span(seq, seq.num_computed, n, seq.num_computed + n == len(seq))
 
 
 class Scheduler:
@@ -65,11 +70,11 @@ class Scheduler:
                 continue
             if seq.num_computed < len(seq) - 1:  # an unfinished prefill: the next chunk
                 n = min(self.chunk_size, len(seq) - seq.num_computed, budget)
-                spans.append(Span(seq, seq.num_computed, n))
+                spans.append(_chunk(seq, n))
                 self.blocks.cache_computed(seq, seq.num_computed + n)
                 budget -= n
                 continue
-            spans = self._decode(seq, spans)
+            self._decode(seq, spans)
             if seq.status is Status.RUNNING:
                 budget -= 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -81,7 +86,7 @@ class Scheduler:
             seq.status = Status.RUNNING
             self.running.append(seq)
             n = min(self.chunk_size, len(seq) - seq.num_computed, budget)
-            spans.append(Span(seq, seq.num_computed, n))
+            spans.append(_chunk(seq, n))
             self.blocks.cache_computed(seq, seq.num_computed + n)  # later admissions may share them
             budget -= n
         return spans
@@ -95,24 +100,24 @@ class Scheduler:
             self.blocks.allocate(seq)
             seq.status = Status.RUNNING
             self.running.append(seq)
-            return [Span(seq, seq.num_computed, len(seq) - seq.num_computed)]
+            return [_chunk(seq, len(seq) - seq.num_computed)]
         spans: list[Span] = []
         for seq in list(self.running):
             if seq.status is Status.RUNNING:
-                spans = self._decode(seq, spans)
+                self._decode(seq, spans)
         return spans
 
-    def _decode(self, seq: Sequence, spans: list[Span]) -> list[Span]:
-        """`spans` plus seq's decode span; when the cache is full, the newest requests are preempted
-        (their spans dropped) until seq can grow, seq itself last."""
+    def _decode(self, seq: Sequence, spans: list[Span]) -> None:
+        """Append seq's decode span to `spans`; when the cache is full, the newest requests are
+        preempted (their spans dropped) until seq can grow, seq itself last."""
         while not self.blocks.can_append(seq):  # free a block by preempting the newest request
             victim = self.running[-1]
             self._preempt(victim)
-            spans = [s for s in spans if s.seq is not victim]
+            spans[:] = [s for s in spans if s.seq is not victim]
             if victim is seq:
-                return spans
+                return
         self.blocks.may_append(seq)
-        return spans + [Span(seq, len(seq) - 1, 1)]
+        spans.append(Span(seq, len(seq) - 1, 1, True))
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

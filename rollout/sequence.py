@@ -89,5 +89,6 @@ class Sequence:
 
     @property
     def finished(self) -> bool:
-        done = self.completion
-        return bool(done) and (len(done) >= self.params.max_tokens or done[-1] in self.params.stop_token_ids)
+        # checked after every decode step: counts, never copies the completion
+        done = len(self.tokens) - len(self.prompt)
+        return done > 0 and (done >= self.params.max_tokens or self.tokens[-1] in self.params.stop_token_ids)

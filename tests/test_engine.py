@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from detent_rl.models import load_model
+from detent_rl.rollout.cuda_graph import DecodeGraphs
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
 from test_models import LIMITS, VOCAB, hf_model, save
@@ -87,6 +88,34 @@ def test_corun_rollout_is_batch_invariant_but_the_trainers_prefill_differs(tmp_p
     prompt = [(5 * i) % VOCAB for i in range(40)]
     first, second = engine.generate([prompt, prompt], [SamplingParams(seed=1, max_tokens=3)] * 2)
     assert first.num_cached == second.num_cached == 0  # no prefix sharing: a prefill's shape is its own
+
+
+def test_decode_graphs_restage_every_row_whose_pages_changed(tmp_path):
+    # the staging keeps each page-table row between steps and rewrites only rows whose pages changed:
+    # across steps whose rows move, shrink, grow a page or take other pages of the same count, a
+    # reused DecodeGraphs gives a fresh one's logits (the same padded step, run eagerly on the CPU)
+    model = load_model(save(hf_model("qwen2"), tmp_path), "detent", dtype=torch.float32, **LIMITS)
+    caches = model.allocate_kv_cache(41)
+    gen = torch.Generator().manual_seed(0)
+    for k, v in caches:
+        k.copy_(torch.randn(k.shape, generator=gen))
+        v.copy_(torch.randn(v.shape, generator=gen))
+    page = model.page_size
+    a, b, c, d = [0, 1], [2], [3, 4, 5], [7, 8]  # d: as many pages as a, other ones
+    steps = [[(a, 20), (b, 5), (c, 40)], [(c, 40), (a, 20)], [(a + [6], 32), (d, 20)],
+             [(d, 20), (a + [6], 33), (b, 6), (c, 41), ([9, 10, 11, 12], 60)], [(b, 7)]]
+    graphs = DecodeGraphs(model, caches, 40, LIMITS["max_batch"], capture=False)
+    for rows in steps:
+        tables = [t for t, _ in rows]
+        positions = [p for _, p in rows]
+        inputs = ([(3 * p) % VOCAB for p in positions], positions,
+                  [t[p // page] * page + p % page for t, p in rows], tables)
+        fresh = DecodeGraphs(model, caches, 40, LIMITS["max_batch"], capture=False).run(*inputs)
+        assert torch.equal(graphs.run(*inputs), fresh), f"step {rows}"
+    # the check can fail: the same-size swap of a's pages for d's changes the logits
+    same_size = DecodeGraphs(model, caches, 40, LIMITS["max_batch"], capture=False)
+    assert not torch.equal(same_size.run([5], [20], [a[1] * page + 4], [a]),
+                           same_size.run([5], [20], [a[1] * page + 4], [d]))
 
 
 @pytest.mark.gpu
