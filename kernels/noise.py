@@ -1,7 +1,7 @@
 """The sampler's noise: MurmurHash3_x86_32 of (request seed, position, vocabulary id), and its Gumbel draw.
 
 The hash of the 20-byte message struct.pack("<qqI", seed, position, id), seed 0, in 32-bit unsigned
-arithmetic: in Triton (uint32; `mix_word`, `fmix32`, used inside `sampling._sample_kernel`) and in
+arithmetic: in Triton (uint32; `mix_word`, `fmix32`, used inside `vocab._partials_kernel`) and in
 PyTorch (int64 tensors holding uint32 values; no product exceeds 2**49). The 4 words of (seed,
 position) are mixed once per row (`row_state`), then each id. `gumbel` maps a hash to
 u = (2 * (h >> 9) + 1) * 2**-24 in (0, 1) and g = -log(-log(u)) in fp32 (why 23 bits: `sampling`).

@@ -15,6 +15,7 @@ import textwrap
 import pytest
 import torch
 
+from detent_rl.kernels._triton import fold_rows
 from detent_rl.kernels.embedding import embedding, embedding_ref
 from detent_rl.kernels.log_softmax import log_softmax, log_softmax_ref, token_logprobs, token_logprobs_ref
 from detent_rl.kernels.rmsnorm import rmsnorm, rmsnorm_ref
@@ -23,6 +24,7 @@ from detent_rl.kernels.programs.rows import elementwise_program
 from detent_rl.kernels.programs.rows import log_softmax_program
 from detent_rl.kernels.programs.rows import rmsnorm_program
 from detent_rl.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
+from detent_rl.kernels.vocab import MAX_SPLITS, max_logsumexp_torch, num_splits, vocab_split
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import solve
 from rows_cases import (DTYPES, EPS, EXACT_TOL, LOGPROB_TOL, MAX_ROWS, TOL, _bits, _hf_configs, alone_vs_batch, invariance_failures, log_softmax_run, logits_inputs, rmsnorm_inputs, rmsnorm_run, rotary_store_case, rotary_store_failures, rstd_witness_rows, selectors)
@@ -121,6 +123,26 @@ def test_log_softmax_stock_selection_breaks_invariance(dtype):
     assert alone_vs_batch(log_softmax_run(logits, ids, detent), 512) == []
     assert alone_vs_batch(log_softmax_run(logits, ids, stock), 512), \
         "negative control: stock selection (block 4096 alone, 1024 in a batch of 512) changed no row"
+
+
+@pytest.mark.parametrize("vocab,block", [(37, 16), (1000, 16), (151936, 1024), (151936, 4096), (10 ** 6, 128)])
+def test_vocab_ranges_cover_the_row_in_whole_blocks(vocab, block):
+    split, n = vocab_split(vocab, block), num_splits(vocab, block)
+    assert split % block == 0 and 1 <= n <= MAX_SPLITS
+    assert (n - 1) * split < vocab <= n * split
+
+
+def test_one_vocab_range_is_the_whole_row_formula_and_a_masked_range_adds_nothing():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 1000, generator=g) * 3
+    big, lse = max_logsumexp_torch(x, 1024)  # 1,000 ids in one range of 1,024
+    m = fold_rows(x, 1024, float("-inf"), lambda p: p, torch.maximum, float("-inf"))
+    s = fold_rows(x, 1024, float("-inf"), lambda p: torch.exp(p - m[:, None]), torch.add, 0.0)
+    assert torch.equal(big, m) and torch.equal(lse, torch.log(s)), "one range must be the old formula's bits"
+    x[:, :500] = float("-inf")  # top-k's mask: whole ranges of -inf (63 ranges of 16 ids)
+    out = log_softmax(x, block=16)
+    assert torch.isfinite(out[:, 500:]).all() and (out[:, :500] == float("-inf")).all()
+    torch.testing.assert_close(out[:, 500:], torch.log_softmax(x[:, 500:].double(), 1).float(), rtol=0, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------
