@@ -26,6 +26,11 @@ refuses it, so tune with the run's recipe (or pass the run's limits with --model
 
     python -m detent_rl.tune --recipe recipes/grpo_bf16.yaml --out tuned.json
     python -m detent_rl.tune --model qwen2-0.5b --device cuda --prompts 32 --prompt-len 200 --new-tokens 256 --out t.json
+
+`--families matmul` searches one family (the others keep the tuple's values): a GPU search split
+over calls that each fit the device's time limit. A workload the deployment cannot run — a sequence
+past its context, a trainer forward of `micro_batch` sequences past its tokens per step — is refused
+before anything runs.
 """
 from __future__ import annotations
 
@@ -46,6 +51,7 @@ from detent_rl.kernels.commitment import CommitmentTuple, SiteCommitment
 from detent_rl.kernels.log_softmax import token_logprobs
 from detent_rl.kernels.matmul import launch_params, linear
 from detent_rl.kernels.rmsnorm import rmsnorm
+from detent_rl.kernels.selections import Deployment
 from detent_rl.models.model import CausalLM
 from detent_rl.models.runner import completion_logprobs
 from detent_rl.rollout.engine import Engine
@@ -72,12 +78,23 @@ class Workload:
             if getattr(self, name) < 1:
                 raise ValueError(f"workload {name} must be >= 1, got {getattr(self, name)}")
 
+    def check(self, d: Deployment) -> None:
+        """Refuse shapes the deployment cannot run: a sequence past its context, or a trainer forward
+        (one prefill of `micro_batch` whole sequences) past its tokens per step."""
+        length = self.prompt_len + self.new_tokens
+        if length > d.max_context:
+            raise ValueError(f"workload: {self.prompt_len} + {self.new_tokens} tokens exceed the deployment's context "
+                             f"of {d.max_context}")
+        rows = min(self.micro_batch, self.prompts)
+        if rows * length > d.max_num_tokens:
+            raise ValueError(f"workload: a trainer forward of {rows} sequences x {length} tokens = {rows * length} "
+                             f"exceeds the deployment's max_num_tokens of {d.max_num_tokens}; lower the micro "
+                             f"batch or raise max_num_tokens")
+
     def engine(self, model: CausalLM) -> Engine:
         """An engine for this workload on `model` (its CUDA graphs are captured on its first run)."""
         d = model.selections.deployment
-        if self.prompt_len + self.new_tokens > d.max_context:
-            raise ValueError(f"workload: {self.prompt_len} + {self.new_tokens} tokens exceed the deployment's context "
-                             f"of {d.max_context}")
+        self.check(d)
         return Engine.for_requests(model, self.prompts, self.prompt_len + self.new_tokens,
                                    min(self.prompts, d.max_batch, 64))
 
@@ -118,6 +135,7 @@ class SiteReport:
 class TuneReport:
     sites: list[SiteReport] = field(default_factory=list)
     untuned: list[str] = field(default_factory=list)  # site keys of families the tuner does not measure
+    skipped: list[str] = field(default_factory=list)  # site keys of families left out of this search
     profiled_s: float = 0.0  # the workload with the model's tuple
     measured_s: Optional[float] = None  # the workload with the tuned tuple
     search_s: float = 0.0
@@ -146,6 +164,8 @@ class TuneReport:
                                                     else ""))
         if self.untuned:
             lines.append(f"kept at the tuple's values (not measured by this tuner yet): {', '.join(self.untuned)}")
+        if self.skipped:
+            lines.append(f"kept at the tuple's values (family not asked for): {', '.join(self.skipped)}")
         lines.append(f"search: {self.search_s:.1f} s")
         return "\n".join(lines)
 
@@ -247,13 +267,18 @@ def _thinned(calls: Counter) -> list[tuple[tuple, float]]:
 
 
 def tune(model: CausalLM, workload: Workload, *, build: Optional[Callable[[CommitmentTuple], CausalLM]] = None,
-         repeats: int = 5, log: Callable[[str], None] = print) -> tuple[CommitmentTuple, TuneReport]:
+         repeats: int = 5, families: tuple[str, ...] = TUNED, log: Callable[[str], None] = print
+         ) -> tuple[CommitmentTuple, TuneReport]:
     """A new commitment tuple for `workload`: the model's resolved tuple with every measured site's
-    assignment tuned. `build(tuple)` (optional) makes a model with the tuned tuple, on which the
-    workload runs again to measure the prediction. The model and its tuple are left as they were."""
+    assignment tuned (the sites of `families`; the others keep the tuple's values). `build(tuple)`
+    (optional) makes a model with the tuned tuple, on which the workload runs again to measure the
+    prediction. The model and its tuple are left as they were."""
     sel = model.selections
     if sel.arm != "detent":
         raise ValueError(f"tuning commits pins of the detent arm; this model's arm is {sel.arm}")
+    unknown = [f for f in families if f not in TUNED]
+    if unknown:
+        raise ValueError(f"families {unknown}: the tuner measures {', '.join(TUNED)}")
     report = TuneReport()
     engine = workload.engine(model)
     workload.run(engine)  # warm-up: compiles kernels, captures graphs
@@ -267,9 +292,9 @@ def tune(model: CausalLM, workload: Workload, *, build: Optional[Callable[[Commi
         if key not in calls:
             continue
         sol = sel.solution(family, **site)
-        if family not in TUNED:
+        if family not in families:
             if len(sol.legal) > 1:
-                report.untuned.append(key)
+                (report.untuned if family not in TUNED else report.skipped).append(key)
             continue
         if len(sol.legal) <= 1:
             continue
@@ -333,6 +358,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help=f"deployment limit, as the run will have it (without --recipe; default {default})")
     ap.add_argument("--repeats", type=int, default=5, help="timings per candidate call on the CPU (median)")
     ap.add_argument("--no-check", action="store_true", help="skip the tuned tuple's workload run (additivity)")
+    ap.add_argument("--families", default=",".join(TUNED),
+                    help=f"comma-separated families to search, of {', '.join(TUNED)} (the rest keep the tuple's values)")
     ap.add_argument("--out", required=True, help="the commitment-tuple JSON to write")
     args = ap.parse_args(argv)
     given = {name: getattr(args, name) for name in limits if getattr(args, name) is not None}
@@ -353,10 +380,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         except ValueError as e:
             ap.error(str(e))
         build = lambda t: load_model(path, "detent", commitment=t, **kw)  # noqa: E731
+    families = tuple(f.strip() for f in args.families.split(",") if f.strip())
+    if not families or [f for f in families if f not in TUNED]:
+        ap.error(f"--families {args.families!r}: give some of {', '.join(TUNED)}")
+    try:
+        workload.check(model.selections.deployment)
+    except ValueError as e:
+        ap.error(str(e))
     if model.device.type == "cpu":
         torch.set_num_threads(1)
     print(f"tuning for {workload} on {model.device}")
-    tuple_, report = tune(model, workload, build=None if args.no_check else build, repeats=args.repeats)
+    tuple_, report = tune(model, workload, build=None if args.no_check else build, repeats=args.repeats,
+                          families=families)
     print(report.render())
     tuple_.save(args.out)
     print(f"wrote {args.out} ({len(tuple_.sites)} sites, sha256 {tuple_.sha256()})")

@@ -111,3 +111,18 @@ def test_cli_and_its_errors(tmp_path, capsys):
         tune(stock, Workload(1, 4, 1))
     with pytest.raises(ValueError, match="exceed the deployment's context of 256"):
         tune(load_model(path, "detent", dtype=torch.float32, **LIMITS), Workload(1, 250, 10))
+    # a trainer forward past the step's tokens is refused before anything runs, naming the numbers
+    with pytest.raises(SystemExit):
+        main(["--model", str(path), "--prompts", "4", "--prompt-len", "100", "--new-tokens", "40", "--micro-batch",
+              "4", *(f"--{k.replace('_', '-')}={v}" for k, v in LIMITS.items()), "--out", str(out)])
+    assert "a trainer forward of 4 sequences x 140 tokens = 560 exceeds the deployment's max_num_tokens of 512" \
+        in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--model", str(path), *shape, "--families", "matmul,sampler", "--out", str(out)])
+    assert "--families 'matmul,sampler'" in capsys.readouterr().err
+    # one family searched, the others keep the tuple's values (and say so)
+    assert main(["--model", str(path), "--dtype", "float32", *shape, "--no-check", "--families", "attention",
+                 *(f"--{k.replace('_', '-')}={v}" for k, v in LIMITS.items()), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| attention" in text and "| matmul" not in text and "(family not asked for): " in text
+    assert "matmul" in text.split("(family not asked for): ")[1]
