@@ -22,7 +22,7 @@ from collections import defaultdict
 
 import torch
 
-from detent_rl.bench import decode_step_seconds
+from detent_rl.bench import decode_step_seconds, prefilled
 from detent_rl.models import load_model
 from detent_rl.models.builtin import NAMES, builtin_checkpoint
 from detent_rl.rollout.engine import Engine
@@ -43,11 +43,7 @@ def profile_decode(engine: Engine, prompts: list[list[int]], steps: int) -> tupl
     params = [SamplingParams(seed=i, temperature=0.0, max_tokens=steps + 1) for i in range(len(prompts))]
     walls = sorted(decode_step_seconds(engine, prompts, params) for _ in range(4))[1:]  # the first warms up
     wall_ms = 1e3 * walls[1]
-    engine.flush_cache()
-    seqs = [engine.add(p, sp) for p, sp in zip(prompts, params)]
-    while any(not s.completion for s in seqs):
-        engine.step()
-    torch.cuda.synchronize()
+    prefilled(engine, prompts, params)
     with profile(activities=[ProfilerActivity.CUDA]) as p:
         while not engine.idle:
             engine.step()

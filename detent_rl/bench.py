@@ -170,13 +170,19 @@ class Bench:
         return rows
 
 
-def decode_step_seconds(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> float:
-    """Seconds per engine step once every request has its first token (the prefill steps left out)."""
+def prefilled(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> None:
+    """Add the requests to a flushed cache and step until every one has its first token (the prefill
+    done): what follows is decode steps alone."""
     engine.flush_cache()
     seqs = [engine.add(p, sp) for p, sp in zip(prompts, params)]
     while not engine.idle and any(not s.completion for s in seqs):
         engine.step()
     sync(engine.model.device)
+
+
+def decode_step_seconds(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> float:
+    """Seconds per engine step once every request has its first token (the prefill steps left out)."""
+    prefilled(engine, prompts, params)
     t0, steps = time.perf_counter(), 0
     while not engine.idle:
         engine.step()

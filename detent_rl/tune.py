@@ -27,10 +27,8 @@ refuses it, so tune with the run's recipe (or pass the run's limits with --model
     python -m detent_rl.tune --recipe recipes/grpo_bf16.yaml --out tuned.json
     python -m detent_rl.tune --model qwen2-0.5b --device cuda --prompts 32 --prompt-len 200 --new-tokens 256 --out t.json
 
-`--families matmul` searches one family (the others keep the tuple's values): a GPU search split
-over calls that each fit the device's time limit. A workload the deployment cannot run — a sequence
-past its context, a trainer forward of `micro_batch` sequences past its tokens per step — is refused
-before anything runs.
+`--families matmul` searches one family (the others keep the tuple's values). A workload the
+deployment cannot run (`Workload.check`) is refused before anything runs.
 """
 from __future__ import annotations
 

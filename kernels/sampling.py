@@ -147,11 +147,14 @@ def _allowed(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor, top
 # Gumbel-argmax over the vocabulary
 
 def _sample_triton(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, temps: torch.Tensor,
-                   masks: tuple[torch.Tensor, torch.Tensor] | None, block: int, num_warps: int) -> torch.Tensor:
+                   masks: tuple[torch.Tensor, torch.Tensor] | None, block: int, num_warps: int,
+                   temperature: float | None = None) -> dict[str, torch.Tensor]:
+    """`vocab_pass`'s tokens (and with `temperature`, their logprobs at it, from the same read)."""
     require_triton(logits)
     allowed, mask_rows = masks if masks is not None else (None, None)
     sampling = (seeds.contiguous(), positions.contiguous(), temps.contiguous(), allowed, mask_rows)
-    return vocab_pass(dense_rows(logits), block=block, num_warps=num_warps, sampling=sampling)["tokens"]
+    return vocab_pass(dense_rows(logits), block=block, num_warps=num_warps, temperature=temperature,
+                      sampling=sampling)
 
 
 def _sample_torch(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, temps: torch.Tensor,
@@ -240,7 +243,7 @@ def _sample(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, 
             triton_path: bool) -> tuple[torch.Tensor, torch.Tensor]:
     masks = _allowed(logits, temps, top_k, top_p, block, num_warps, triton_path)
     if triton_path:
-        tokens = _sample_triton(logits, seeds, positions, temps, masks, block, num_warps)
+        tokens = _sample_triton(logits, seeds, positions, temps, masks, block, num_warps)["tokens"]
     else:
         tokens = _sample_torch(logits, seeds, positions, temps, masks, block)
     return tokens, _sampled_logprobs(logits, tokens, temps, block, num_warps)
@@ -281,9 +284,7 @@ def sample_unfiltered(logits: torch.Tensor, seeds: torch.Tensor, positions: torc
         raise ValueError(f"temperature must be finite and > 0 (greedy rows use 1.0 for their logprob), got {temperature}")
     check_block(block)
     if use_triton(logits):  # one pass over the vocabulary samples and takes the logprob
-        require_triton(logits)
-        out = vocab_pass(dense_rows(logits), block=block, num_warps=num_warps, temperature=temperature,
-                         sampling=(seeds.contiguous(), positions.contiguous(), temps.contiguous(), None, None))
+        out = _sample_triton(logits, seeds, positions, temps, None, block, num_warps, temperature)
         return out["tokens"], out["logprobs"]
     tokens = _sample_torch(logits, seeds, positions, temps, None, block)
     return tokens, token_logprobs(logits, tokens, block=block, num_warps=num_warps, temperature=temperature)

@@ -136,8 +136,6 @@ def attention_split_pins(sol: Solution, context: int, pins: dict, knobs: dict) -
     if size >= pins["split_size"]:
         return {}
     split = {"split_size": size, "num_splits": -(-context // size)}
-    if "is_decode" in sol.pin_nodes:
-        split["is_decode"] = pins.get("is_decode", False)
     try:
         sol.check_legal({**pins, **split}, knobs)
     except (SelIRError, SelectionError):

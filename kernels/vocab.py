@@ -181,8 +181,7 @@ def vocab_pass(logits: torch.Tensor, *, block: int, num_warps: int, temperature:
     {"tokens", "logprobs", "m", "lse"} as asked."""
     rows, vocab = logits.shape
     dev = logits.device
-    split = vocab_split(vocab, block)
-    n = -(-vocab // split)
+    split, n = vocab_split(vocab, block), num_splits(vocab, block)
     ns = _lanes(n)
     lse = temperature is not None
     f32 = lambda: torch.empty(rows * ns, dtype=torch.float32, device=dev)  # noqa: E731
@@ -224,7 +223,7 @@ def write_log_softmax(logits: torch.Tensor, m: torch.Tensor, lse: torch.Tensor, 
     out = torch.empty((rows, vocab), dtype=torch.float32, device=logits.device)
     split = vocab_split(vocab, block)
     if rows > 0:
-        _write_kernel[(rows, -(-vocab // split))](logits, out, m, lse, vocab, float(temperature), SPLIT=split,
+        _write_kernel[(rows, num_splits(vocab, block))](logits, out, m, lse, vocab, float(temperature), SPLIT=split,
                                                   APPLY_TEMP=temperature != 1.0, BLOCK=block, num_warps=num_warps)
     return out
 
