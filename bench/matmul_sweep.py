@@ -2,6 +2,7 @@
 selection's schedule table and its default K partition are chosen from.
 
     python3 bench/matmul_sweep.py [--models 0.5b,1.5b] [--chunks 128,256,512,0] [--ms 1,8,32,128,512,2048,8192]
+        [--sites down,qkv] [--parallel-up-to 128]
 
 For each linear site of the Qwen2-0.5B / 1.5B configs, each M and each K partition (`chunk`, 0 = one
 chunk of all K): cuBLAS (`torch.nn.functional.linear`), and our `linear`'s best parallel and best
@@ -30,7 +31,7 @@ SITES = {
 }
 # block_m, block_n, block_k, num_warps, num_stages
 PARALLEL = [(16, 64, 128, 4, 4), (16, 64, 64, 4, 6), (16, 128, 128, 4, 3), (32, 64, 64, 4, 4), (16, 32, 128, 4, 4),
-            (64, 64, 64, 4, 3)]
+            (64, 64, 64, 4, 3), (16, 16, 128, 4, 4), (16, 32, 64, 4, 6), (64, 128, 64, 4, 3)]
 SEQUENTIAL = [(16, 64, 128, 4, 4), (64, 64, 64, 4, 4), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3),
               (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (64, 256, 64, 8, 3)]
 
@@ -58,6 +59,8 @@ def main() -> None:
     ap.add_argument("--models", default="0.5b,1.5b")
     ap.add_argument("--chunks", default="128,256,512,0")
     ap.add_argument("--ms", default="1,8,32,128,512,2048,8192")
+    ap.add_argument("--sites", default="", help="comma-separated site names (default: all)")
+    ap.add_argument("--parallel-up-to", type=int, default=128, help="the largest M the parallel form is tried at")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
@@ -68,6 +71,8 @@ def main() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     for model in args.models.split(","):
         for name, n, k, bias in SITES[model]:
+            if args.sites and name not in args.sites.split(","):
+                continue
             w = (torch.randn(n, k, generator=g, device="cuda") / k ** 0.5).to(torch.bfloat16)
             b = torch.randn(n, generator=g, device="cuda").to(torch.bfloat16) if bias else None
             big = torch.randn(max(ms), k, generator=g, device="cuda").to(torch.bfloat16)
@@ -81,7 +86,7 @@ def main() -> None:
                     cublas = timed(lambda: F.linear(x, w, b))
                     if ref_row is None:
                         ref_row = linear(x, w, b, chunk=chunk, parallel=False, block_m=64, block_n=64, block_k=64)[0]
-                    par, ok1 = sweep(x, w, b, chunk, True, PARALLEL, ref_row) if m <= 128 and chunk < k \
+                    par, ok1 = sweep(x, w, b, chunk, True, PARALLEL, ref_row) if m <= args.parallel_up_to and chunk < k \
                         else ((float("nan"), None), True)
                     seq, ok2 = sweep(x, w, b, chunk, False, SEQUENTIAL, ref_row)
                     top = min(t for t in (par[0], seq[0]) if t == t)

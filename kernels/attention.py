@@ -8,6 +8,12 @@ the online-softmax update; a key after p is masked to -inf, which leaves the sta
 untouched (alpha = exp(0) = 1, p = 0). Splits are then combined in order j = 0, 1, ... by one
 kernel shared by prefill and decode. A tile of query rows only adds blocks that are fully masked
 for its shorter rows, so a row's bits do not see the tile either.
+
+A tile's BLOCK_M rows are either BLOCK_M queries of one head, or (`pack` = the GQA group, as
+FlashAttention-3's PackGQA) BLOCK_M // pack queries times the pack heads that share one KV head:
+a decode step then reads each KV block once per KV head instead of once per query head. A row's
+arithmetic is the same in both (the same tile shape, and every row of a tile is reduced alike), so
+packing is a schedule, not a pin (tests/test_kernels_attention*.py compare the bits).
 """
 from __future__ import annotations
 
@@ -28,21 +34,34 @@ class AttnMeta:
     tile_req: torch.Tensor  # int32 [tiles], request of each query tile
     tile_q0: torch.Tensor  # int32 [tiles], first query row of each tile
     block_m: int
+    pack: int = 1  # query heads per query in a tile's rows (1: one head per tile)
+
+    @property
+    def tile_queries(self) -> int:
+        return self.block_m // self.pack
 
 
-def attn_meta(q_lens: list[int], cached: list[int], block_table: torch.Tensor, block_m: int) -> AttnMeta:
+def pack_of(selection, num_heads: int, num_kv_heads: int) -> int:
+    """The `pack` an attention selection asks for: the GQA group when it packs (`pack_gqa`)."""
+    return num_heads // num_kv_heads if selection.pack_gqa else 1
+
+
+def attn_meta(q_lens: list[int], cached: list[int], block_table: torch.Tensor, block_m: int,
+              pack: int = 1) -> AttnMeta:
     """Build the metadata on the host from the scheduler's lists (one small copy per step)."""
     assert len(q_lens) == len(cached) == block_table.shape[0]
+    assert 1 <= pack <= block_m, f"a tile of {block_m} rows cannot pack {pack} heads"
+    per = block_m // pack
     cu, pos, tiles_r, tiles_q = [0], [], [], []
     for b, (n, c) in enumerate(zip(q_lens, cached)):
         pos.extend(range(c, c + n))
-        tiles_r.extend([b] * (-(-n // block_m)))
-        tiles_q.extend(range(cu[-1], cu[-1] + n, block_m))
+        tiles_r.extend([b] * (-(-n // per)))
+        tiles_q.extend(range(cu[-1], cu[-1] + n, per))
         cu.append(cu[-1] + n)
     dev = block_table.device
     as_t = lambda v: torch.tensor(v, dtype=torch.int32, device=dev)  # noqa: E731
     return AttnMeta(as_t(cu), as_t(cached), as_t(pos), block_table.to(torch.int32), as_t(tiles_r),
-                    as_t(tiles_q), block_m)
+                    as_t(tiles_q), block_m, pack)
 
 
 
@@ -50,27 +69,34 @@ def attn_meta(q_lens: list[int], cached: list[int], block_table: torch.Tensor, b
 def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_ptr, tile_q0_ptr,
                       m_ptr, l_ptr, o_ptr, scale, stride_qt, stride_qh, stride_kp, stride_ks, stride_kh,
                       stride_bt, stride_mt, stride_mh, stride_ot, stride_oh, stride_os,
-                      GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      GROUP: tl.constexpr, PACK: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                       IEEE: tl.constexpr, UPCAST: tl.constexpr):
     tile = tl.program_id(0)
-    head = tl.program_id(1)
     split = tl.program_id(2)
     req = tl.load(tile_req_ptr + tile)
     q0 = tl.load(tile_q0_ptr + tile)
     q_begin = tl.load(cu_q_ptr + req)
     q_end = tl.load(cu_q_ptr + req + 1)
     pos0 = tl.load(pos0_ptr + req)
-    rows = q0 + tl.arange(0, BLOCK_M)
-    row_ok = rows < q_end
+    r = tl.arange(0, BLOCK_M)
+    if PACK == 1:  # program_id(1) is the query head; a row is a query
+        head = tl.program_id(1) + 0 * r
+        kvh = tl.program_id(1) // GROUP
+        rows = q0 + r
+        row_ok = rows < q_end
+    else:  # program_id(1) is the KV head; row r is query r // PACK, head r % PACK of its group
+        kvh = tl.program_id(1)
+        head = kvh * GROUP + r % PACK
+        rows = q0 + r // PACK
+        row_ok = (rows < q_end) & (r < BLOCK_M // PACK * PACK)
     row_pos = pos0 + rows - q_begin
-    last_pos = pos0 + tl.minimum(q0 + BLOCK_M, q_end) - 1 - q_begin
+    last_pos = pos0 + tl.minimum(q0 + BLOCK_M // PACK, q_end) - 1 - q_begin
     lo = split * SPLIT
     if lo <= last_pos:
         hi = tl.minimum(lo + SPLIT, last_pos + 1)
-        kvh = head // GROUP
         d = tl.arange(0, HEAD_DIM)
-        q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + d[None, :],
+        q = tl.load(q_ptr + rows[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                     mask=row_ok[:, None], other=0.0)
         if UPCAST:
             q = q.to(tl.float32)
@@ -105,7 +131,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_
         ml = rows * stride_mt + head * stride_mh + split
         tl.store(m_ptr + ml, m, mask=row_ok)
         tl.store(l_ptr + ml, row_sum, mask=row_ok)
-        tl.store(o_ptr + rows[:, None] * stride_ot + head * stride_oh + split * stride_os + d[None, :],
+        tl.store(o_ptr + rows[:, None] * stride_ot + head[:, None] * stride_oh + split * stride_os + d[None, :],
                  acc, mask=row_ok[:, None])
 
 @triton.jit
@@ -136,6 +162,8 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: 
     assert q.dtype == k_cache.dtype == v_cache.dtype and q.stride(2) == 1 and k_cache.stride(3) == 1
     assert split_size % block_n == 0, f"split_size {split_size} must be a multiple of block_n {block_n}"
     assert meta.token_pos.shape[0] == q.shape[0]
+    assert meta.pack in (1, q.shape[1] // k_cache.shape[2]), \
+        f"pack {meta.pack}: a tile packs 1 head or the GQA group of {q.shape[1] // k_cache.shape[2]}"
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta, *,
@@ -152,12 +180,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     m = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)
     lsum = torch.empty_like(m)
     o = torch.empty((T, H, num_splits, D), dtype=torch.float32, device=q.device)
-    grid = (meta.tile_req.shape[0], H, num_splits)
+    grid = (meta.tile_req.shape[0], H if meta.pack == 1 else k_cache.shape[2], num_splits)
     _attention_kernel[grid](
         q, k_cache, v_cache, meta.block_table, meta.cu_q, meta.pos0, meta.tile_req, meta.tile_q0, m, lsum, o,
         scale, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         meta.block_table.stride(0), m.stride(0), m.stride(1), o.stride(0), o.stride(1), o.stride(2),
-        GROUP=H // k_cache.shape[2], PAGE=k_cache.shape[1], HEAD_DIM=D, BLOCK_M=meta.block_m, BLOCK_N=block_n,
+        GROUP=H // k_cache.shape[2], PACK=meta.pack, PAGE=k_cache.shape[1], HEAD_DIM=D, BLOCK_M=meta.block_m, BLOCK_N=block_n,
         SPLIT=split_size, IEEE=q.dtype == torch.float32, UPCAST=interpreting() and q.dtype != torch.float32,
         num_warps=num_warps, num_stages=num_stages)
     _combine_kernel[(T, H)](m, lsum, o, out, meta.token_pos, m.stride(0), m.stride(1), o.stride(0),
@@ -177,7 +205,7 @@ def _attention_cpu(q, k_cache, v_cache, meta, scale, block_n, split_size, out):
     o = torch.zeros((T, H, ns, D))
     for req, q0 in zip(meta.tile_req.tolist(), meta.tile_q0.tolist()):
         q_end = cu[req + 1]
-        n_rows = min(bm, q_end - q0)
+        n_rows = min(meta.tile_queries, q_end - q0)  # a packed tile's queries, each on its heads' rows
         qt = torch.zeros((bm, H, D))
         qt[:n_rows] = q[q0:q0 + n_rows].float()
         qt = qt.transpose(0, 1)  # [H, BM, D]

@@ -126,10 +126,10 @@ class DecodeGraphs:
         raise ValueError(f"a decode batch of {n} exceeds the largest captured size {self.max_batch}")
 
     def _context(self, b: int) -> ForwardContext:
-        block_m = self.model.select_attention(b, 1, b, self.max_context).block_m
+        block_m, pack = self.model.attention_tiling(self.model.select_attention(b, 1, b, self.max_context))
         pos = self.positions[:b]
         meta = AttnMeta(cu_q=self.cu_q[:b + 1], pos0=pos, token_pos=pos, block_table=self.block_table[:b],
-                        tile_req=self.rows[:b], tile_q0=self.rows[:b], block_m=block_m)
+                        tile_req=self.rows[:b], tile_q0=self.rows[:b], block_m=block_m, pack=pack)
         return ForwardContext(meta=meta, slots=self.slots[:b], kv_caches=self.caches, num_seqs=b, max_seqlen_q=1,
                               max_seqlen_k=self.max_context)
 

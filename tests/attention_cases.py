@@ -5,7 +5,7 @@ import random
 
 import torch
 
-from detent_rl.kernels.attention import attn_meta, paged_attention, store_kv
+from detent_rl.kernels.attention import attn_meta, pack_of, paged_attention, store_kv
 from detent_rl.kernels.programs.attention import attention_program
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import solve
@@ -44,6 +44,7 @@ class Requests:
             slots = torch.tensor([self.tables[r][p // P] * P + p % P for p in range(n)], device=device)
             store_kv(self.k[r], self.v[r], self.k_cache, self.v_cache, slots)
         self.scale = D ** -0.5
+        self.pack: int | None = None  # None: what the selection asks for; 1 or the group: forced
 
     def step(self, spans: list[tuple[int, int, int]], sel) -> list[torch.Tensor]:
         """One engine step: spans of (request, first position, count); returns each span's rows."""
@@ -53,7 +54,9 @@ class Requests:
             table[i, :len(self.tables[r])] = torch.tensor(self.tables[r])
         q = torch.cat([self.q[r][p:p + n] for r, p, n in spans])
         cfg = sel(len(spans), max(n for _, _, n in spans), q.shape[0], max(p + n for _, p, n in spans))
-        meta = attn_meta([n for _, _, n in spans], [p for _, p, _ in spans], table.to(self.device), cfg.block_m)
+        pack = pack_of(cfg, self.q[0].shape[1], self.k[0].shape[1]) if self.pack is None else self.pack
+        meta = attn_meta([n for _, _, n in spans], [p for _, p, _ in spans], table.to(self.device), cfg.block_m,
+                         pack)
         out = paged_attention(q, self.k_cache, self.v_cache, meta, scale=self.scale, block_n=cfg.block_n,
                               split_size=cfg.split_size, num_splits=cfg.num_splits, num_warps=cfg.num_warps,
                               num_stages=2)

@@ -45,3 +45,21 @@ def test_stock_attention_gpu_is_not(dtype):
     reqs = Requests([2100, 700, 9, 1300, 64], QWEN2_05B, dtype, "cuda", seed=3)
     assert mismatches(scenario_outputs(reqs, 0, stock, seed=4)), \
         "negative control: the stock arm's tiles and split count follow the batch"
+
+
+@pytest.mark.parametrize("facts", [QWEN2_05B, LLAMA_8B], ids=["qwen2-0.5b", "llama-8b"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_packed_tiles_keep_bits(facts, dtype):
+    """Packing a GQA group into a tile's rows is a schedule: every scenario's rows, packed, equal the
+    unpacked one-shot prefill bit for bit (so decode may pack while a trainer's prefill does not).
+    Control: the same comparison sees a change of KV tile (block_n 32), which regroups the keys."""
+    _, detent = selections(facts, split_size=1024)
+    reqs = Requests([2100, 700, 9, 1300, 64], facts, dtype, "cuda", seed=3)
+    reqs.pack = 1
+    ref = scenario_outputs(reqs, 0, detent, seed=4)["prefill"]
+    reqs.pack = facts["num_heads"] // facts["num_kv_heads"]
+    packed = scenario_outputs(reqs, 0, detent, seed=4)
+    assert mismatches({"prefill": ref, **{f"packed {k}": v for k, v in packed.items()}}) == []
+    narrow = lambda *a: detent(*a)._replace(block_n=32)  # noqa: E731
+    control = scenario_outputs(reqs, 0, narrow, seed=4)["prefill"]
+    assert not torch.equal(control, ref), "control: another KV tile must change the bits"

@@ -74,7 +74,7 @@ def test_matmul_cut_is_the_k_partition_and_the_schedule_follows_m():
     undeclared = parse_program(matmul.matmul_program.fn, name="matmul_undeclared")
     bare = solve(undeclared, matmul.REFERENCE_FACTS, cache=JITCache(enabled=False))
     pins = bare.stats["pins"]
-    assert len(pins) == 2 and pins[1] == "chunk" and pins[0].startswith("bucket")  # the tile row's key: one for every M
+    assert len(pins) == 2 and "chunk" in pins and any(p.startswith("bucket") for p in pins)  # the tile row's key
     one = bare.commit()
     assert one(1) == one(8192)
 
@@ -109,7 +109,7 @@ def test_report_command_and_dot(tmp_path):
     out = subprocess.run([sys.executable, "-m", "detent_rl.solve", "--report", "--program", "fused_moe",
                           "--program", "attention"], capture_output=True, text=True, check=True).stdout
     assert "== fused_moe on reference ==" in out and "pins, full analysis         1: row_key" in out
-    assert "pins, constant folding only 6" in out and "pins, full analysis         4" in out
+    assert "pins, constant folding only 5" in out and "pins, full analysis         3" in out
     assert "legal" in out and "candidates" in out
     dot = tmp_path / "moe.dot"
     subprocess.run([sys.executable, "-m", "detent_rl.solve", "--program", "fused_moe", "--dot", str(dot)],

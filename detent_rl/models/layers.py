@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from detent_rl.kernels.attention import pack_of
 from detent_rl.kernels.autograd import (attention_autograd, embedding_autograd, linear_autograd,
                                        rmsnorm_autograd, rotary_store_autograd, silu_and_mul_autograd)
 from detent_rl.kernels.matmul import launch_params, stock_linear
@@ -179,9 +180,11 @@ class Attention(nn.Module):
         k_cache, v_cache = ctx.kv_caches[self.layer_idx]
         q, k = self.rotary(positions, q, k, v, k_cache, v_cache, ctx.slots)
         s = self._select(ctx.num_seqs, ctx.max_seqlen_q, tokens, ctx.max_seqlen_k)
-        if s.block_m != ctx.meta.block_m:
-            raise RuntimeError(f"the step's AttnMeta was built with block_m={ctx.meta.block_m} but the attention "
-                               f"selection gives {s.block_m}; build it with CausalLM.select_attention")
+        tiling = (s.block_m, pack_of(s, self.num_heads, self.num_kv_heads))
+        if tiling != (ctx.meta.block_m, ctx.meta.pack):
+            raise RuntimeError(f"the step's AttnMeta was built with (block_m, pack)="
+                               f"{(ctx.meta.block_m, ctx.meta.pack)} but the attention selection gives {tiling}; "
+                               f"build it with CausalLM.select_attention and attention_tiling")
         out = attention_autograd(q, k, v, k_cache, v_cache, ctx.slots, ctx.meta, scale=self.scale,
                                  block_n=s.block_n, split_size=s.split_size, num_splits=s.num_splits,
                                  num_warps=s.num_warps, num_stages=s.num_stages)

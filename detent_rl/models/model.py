@@ -12,6 +12,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from detent_rl.kernels.attention import pack_of
 from detent_rl.kernels.rotary import rope_cos_sin
 from detent_rl.kernels.selections import Deployment, KernelSelections
 from detent_rl.models.config import ModelConfig
@@ -97,8 +98,14 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden)
 
     def select_attention(self, num_seqs: int, max_seqlen_q: int, num_tokens: int, max_seqlen_k: int) -> Any:
-        """The step's attention selection; its block_m is what `attn_meta` must tile the queries by."""
+        """The step's attention selection; `attention_tiling` of it is what `attn_meta` must tile the
+        queries by."""
         return self._select_attention(num_seqs, max_seqlen_q, num_tokens, max_seqlen_k)
+
+    def attention_tiling(self, selection: Any) -> tuple[int, int]:
+        """(block_m, pack) of an attention selection: `attn_meta`'s last two arguments."""
+        c = self.config
+        return selection.block_m, pack_of(selection, c.num_attention_heads, c.num_key_value_heads)
 
     @property
     def page_size(self) -> int:

@@ -45,7 +45,7 @@ def step_inputs(model: CausalLM, caches: list[KVCache], spans: list[Span]
     q_lens, cached = [len(s.tokens) for s in spans], [s.cached for s in spans]
     max_k = max(c + n for c, n in zip(cached, q_lens))
     sel = model.select_attention(len(spans), max(q_lens), len(ids), max_k)
-    meta = attn_meta(q_lens, cached, table.to(device), sel.block_m)
+    meta = attn_meta(q_lens, cached, table.to(device), *model.attention_tiling(sel))
     ctx = ForwardContext(meta=meta, slots=torch.tensor(slots, dtype=torch.int64, device=device), kv_caches=caches,
                          num_seqs=len(spans), max_seqlen_q=max(q_lens), max_seqlen_k=max_k)
     return torch.tensor(ids, dtype=torch.int64, device=device), meta.token_pos, ctx

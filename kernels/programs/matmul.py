@@ -47,7 +47,7 @@ def _s(parallel: bool, block_m: int, block_n: int, block_k: int, group_m: int, n
 TILE_CHOICES = {
     32: (_s(True, 16, 64, 128, 1, 4, 4), _s(True, 16, 32, 128, 1, 4, 4), _s(False, 16, 64, 128, 1, 4, 4)),
     128: (_s(True, 64, 64, 64, 4, 4, 3), _s(True, 32, 64, 64, 4, 4, 4), _s(False, 64, 128, 64, 8, 4, 3)),
-    512: (_s(False, 64, 128, 64, 8, 4, 3), _s(False, 128, 128, 64, 8, 8, 3), _s(False, 64, 64, 64, 8, 4, 4)),
+    512: (_s(True, 64, 128, 64, 8, 4, 3), _s(True, 64, 64, 64, 8, 4, 4), _s(False, 128, 128, 64, 8, 8, 3)),
     2048: (_s(False, 128, 128, 64, 8, 8, 3), _s(False, 128, 256, 64, 8, 8, 3), _s(False, 64, 128, 64, 8, 4, 3)),
     8192: (_s(False, 128, 256, 64, 8, 8, 3), _s(False, 128, 128, 64, 8, 8, 3), _s(False, 128, 128, 32, 8, 8, 3)),
 }
@@ -57,6 +57,12 @@ TILES = {bucket * 4 + i: row for bucket, choices in TILE_CHOICES.items() for i, 
 # The LM head (N = 151,936) at M = 32 ran at 1.82x cuBLAS in the small-M buckets' 16x64 tiles and at
 # 1.0x in 64x128 ones (H200, bench/kernels_matmul_bench.py); its N tiles alone fill the SMs
 WIDE_N = 16384
+# In the 512 bucket (M 129-512: a GRPO batch's decode) a call whose 64x128 tiles, times its parallel
+# chunks, fill fewer than half the SMs takes the bucket's 64x64 choice instead: at M = 256 the qkv and
+# o projections ran 1.26-1.29x cuBLAS in 64x64 tiles, gate_up 1.14x in 64x128, and the split down
+# projection 1.12x in parallel 64x128 chunks where the sequential form took 2.0x (H200,
+# bench/matmul_sweep.py, docs/BENCHMARKS.md)
+FILL_SHARE = 2
 CHUNK_ALIGN = 128  # chunks are whole multiples of this: every schedule's BLOCK_K divides it
 
 
@@ -92,7 +98,6 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
         choice = t512
     if bucket == 2048:
         choice = t2048
-    row = TILES[bucket * 4 + choice]
     # split-K as decode GEMMs pick it: a reduction longer than the output is wide (K > N), under the
     # bucket's default parallel (small-M) schedule, is split until the output tiles fill the SMs; nothing
     # else splits (the partition does not follow the tile knobs)
@@ -100,6 +105,9 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
     tiles = (m + base.block_m - 1) // base.block_m * ((n + base.block_n - 1) // base.block_n)
     splits = max(1, min(num_sms // tiles, k // CHUNK_ALIGN)) if base.parallel and k > n else 1
     chunk = ((k + splits - 1) // splits + CHUNK_ALIGN - 1) // CHUNK_ALIGN * CHUNK_ALIGN
+    if bucket == 512 and choice == 0 and tiles * ((k + chunk - 1) // chunk) * FILL_SHARE < num_sms:
+        choice = 1
+    row = TILES[bucket * 4 + choice]
     # as Triton's autotuner prunes: no more pipeline stages than shared memory holds (fp32 tiles are twice
     # the bytes of the bf16 ones the table was written for)
     stage = (row.block_m + row.block_n) * row.block_k * dtype_bytes
