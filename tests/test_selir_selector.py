@@ -36,7 +36,7 @@ def attention_inputs():
 def test_committed_selector_is_identical_for_every_runtime_input(sol, inputs):
     sel = sol.commit()
     reference = sel(1, 1, 1, 1)
-    assert sel(*inputs) == reference
+    assert sel.bits(sel(*inputs)) == sel.bits(reference)  # the declared schedule (stages, packing) may move
 
 
 @settings(max_examples=200, deadline=None)
@@ -55,10 +55,10 @@ def test_negative_control_stock_selection_reads_the_batch(sol):
     # one request (KV 3,000) decoding next to ever more co-batched requests
     for batch in (1, 2, 4, 8, 16, 32, 64, 128, 256):
         seen_stock.add(stock(batch, 1, batch, 3000))
-        seen_committed.add(committed(batch, 1, batch, 3000))
+        seen_committed.add(tuple(committed.bits(committed(batch, 1, batch, 3000)).items()))
         q = rng.randint(2, 512)
         seen_stock.add(stock(batch, q, batch + q, 3000))
-        seen_committed.add(committed(batch, q, batch + q, 3000))
+        seen_committed.add(tuple(committed.bits(committed(batch, q, batch + q, 3000)).items()))
     assert len(seen_stock) > 1, "the stock arm must change its selection with the batch"
     assert len({s.num_splits for s in seen_stock}) > 1 and len({s.block_n for s in seen_stock}) > 1
     assert len(seen_committed) == 1
