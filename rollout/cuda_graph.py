@@ -100,10 +100,12 @@ class DecodeGraphs:
         self._held: list[list[int]] = [self._scratch_row] * B
         self._uploads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # b -> (device, host) prefix
         pin = (lambda t: t.pin_memory()) if capture else (lambda t: t)  # noqa: E731
-        self.out_tokens = pin(torch.zeros(B, dtype=torch.int64))
-        self.out_logprobs = pin(torch.zeros(B, dtype=torch.float32))
-        self._out_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # b -> the outputs' first b rows
-        self._out_np = (self.out_tokens.numpy(), self.out_logprobs.numpy())
+        # two pinned pairs for the sampled tokens and logprobs, used in turn: a step can be launched
+        # while the host has yet to read its predecessor's (the engine's overlapped decode)
+        self._outs = [(pin(torch.zeros(B, dtype=torch.int64)), pin(torch.zeros(B, dtype=torch.float32)))
+                      for _ in range(2)]
+        self._out_views: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (pair, b) -> first b rows
+        self._fired = 0
         self.cu_q = torch.arange(B + 1, dtype=torch.int32, device=dev)
         self.rows = torch.arange(B, dtype=torch.int32, device=dev)
         self.graphs: dict[tuple[int, float | None], torch.cuda.CUDAGraph] = {}
@@ -209,14 +211,23 @@ class DecodeGraphs:
             self._copied.record()
 
     def _launch(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
-                seeds: list[int] | None, temps: list[float] | None, temperature: float | None) -> object:
+                seeds: list[int] | None, temps: list[float] | None, temperature: float | None,
+                feed: torch.Tensor | None = None) -> object:
         """Stage the step's inputs and replay its graph (captured on first use): its outputs."""
         b = self._padded_size(tokens, positions, slots, tables)
-        key = (b, temperature)
         self._stage(b, tokens, positions, slots, tables, seeds, temps)
+        return self._replay((b, temperature), len(tokens), feed)
+
+    def _replay(self, key: tuple[int, float | None], n: int, feed: torch.Tensor | None) -> object:
+        """Upload the staged inputs and replay the graph of `key` (captured on first use). `feed`: the
+        step's token ids are the staged rows' entries of this device tensor (the staged ids are
+        indices into it)."""
         if self.capture and key not in self.graphs:
             self._capture(key)  # on the device inputs, which the upload then overwrites
-        self._upload(b)
+        self._upload(key[0])
+        if feed is not None:
+            ids = self.input_ids[:n]
+            ids.copy_(feed.index_select(0, ids))
         if not self.capture:  # the same padded step, run eagerly
             return self._forward(*key)
         self.graphs[key].replay()
@@ -233,14 +244,47 @@ class DecodeGraphs:
         """One decode step that also samples, inside the graph: each row's next token (sampled at
         position `positions[i] + 1` with `seeds[i]` and `temps[i]`) and its logprob at `temperature`.
         The rows must suit `sample_unfiltered` (the engine checks); one host sync, to read them."""
-        n = len(tokens)
-        out_tokens, out_logprobs = self._launch(tokens, positions, slots, tables, seeds, temps, temperature)
-        b = out_tokens.shape[0]
-        views = self._out_views.get(b)
+        return self.fire(self.prepare(tokens, positions, slots, tables, seeds, temps, temperature)).wait()
+
+    def prepare(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
+                seeds: list[int], temps: list[float], temperature: float) -> tuple[tuple[int, float], int]:
+        """`sample`'s host half: stage the step's rows in the pinned buffers (which the previous step's
+        upload has left), while the device may still run that step. Its (graph key, rows) for `fire`."""
+        b = self._padded_size(tokens, positions, slots, tables)
+        self._stage(b, tokens, positions, slots, tables, seeds, temps)
+        return (b, temperature), len(tokens)
+
+    def fire(self, staged: tuple[tuple[int, float], int], feed: torch.Tensor | None = None) -> "PendingStep":
+        """Launch a `prepare`d step: upload, replay, and the copies of its tokens and logprobs out,
+        without waiting for them. `feed` (the previous step's `PendingStep.device_tokens`): the staged
+        token ids are row indices into it, gathered on the device — the step can be launched before
+        the host has read the previous step's tokens. The outputs alternate between two pinned pairs:
+        a step must be waited on before the second fire after its own."""
+        key, n = staged
+        out_tokens, out_logprobs = self._replay(key, n, feed)
+        b, pair = out_tokens.shape[0], self._fired % 2
+        self._fired += 1
+        views = self._out_views.get((pair, b))
         if views is None:
-            views = self._out_views[b] = (self.out_tokens[:b], self.out_logprobs[:b])
+            views = self._out_views[pair, b] = (self._outs[pair][0][:b], self._outs[pair][1][:b])
         views[0].copy_(out_tokens, non_blocking=True)
         views[1].copy_(out_logprobs, non_blocking=True)
+        done = None
         if self.capture:
-            torch.cuda.current_stream().synchronize()
-        return self._out_np[0][:n].tolist(), self._out_np[1][:n].tolist()
+            done = torch.cuda.Event()
+            done.record()
+        return PendingStep(n, out_tokens, views, done)
+
+
+class PendingStep:
+    """A launched decode step whose sampled tokens the host has not read yet."""
+
+    def __init__(self, n: int, device_tokens: torch.Tensor, host: tuple[torch.Tensor, torch.Tensor],
+                 done: torch.cuda.Event | None) -> None:
+        self.n, self.device_tokens, self.host, self.done = n, device_tokens, host, done
+
+    def wait(self) -> tuple[list[int], list[float]]:
+        """The step's n sampled tokens and their logprobs (the one host sync of a step)."""
+        if self.done is not None:
+            self.done.synchronize()
+        return self.host[0][:self.n].tolist(), self.host[1][:self.n].tolist()

@@ -20,7 +20,7 @@ from detent_rl.models.model import CausalLM
 from detent_rl.models.runner import Span as StepSpan
 from detent_rl.models.runner import completion_logprobs, step_inputs
 from detent_rl.rollout.block_manager import BlockManager
-from detent_rl.rollout.cuda_graph import DecodeGraphs
+from detent_rl.rollout.cuda_graph import DecodeGraphs, PendingStep
 from detent_rl.rollout.scheduler import Scheduler, Span
 from detent_rl.rollout.sequence import SamplingParams, Sequence
 
@@ -40,7 +40,8 @@ class Engine:
     rollout's bits: the trainer would need the rollout's own shapes."""
 
     def __init__(self, model: CausalLM, *, num_blocks: int, max_num_seqs: int | None = None,
-                 max_num_tokens: int | None = None, chunk_size: int = 256, cuda_graphs: bool | None = None) -> None:
+                 max_num_tokens: int | None = None, chunk_size: int = 256, cuda_graphs: bool | None = None,
+                 overlap: bool = True) -> None:
         limit = model.selections.deployment.max_num_tokens
         max_num_tokens = max_num_tokens or limit
         if max_num_tokens > limit:
@@ -65,6 +66,8 @@ class Engine:
             self.graphs = DecodeGraphs(model, self.caches, num_blocks, rows, fixed=self.corun,
                                        capture=bool(cuda_graphs))
         self._select_logprobs = model.selections.get("log_softmax")
+        self.overlap = overlap
+        self._inflight: tuple[list[Span], PendingStep] | None = None  # a launched step, tokens unread
 
     @classmethod
     def for_requests(cls, model: CausalLM, sequences: int, tokens: int, max_num_seqs: int) -> "Engine":
@@ -98,16 +101,59 @@ class Engine:
 
     @property
     def idle(self) -> bool:
-        return self.scheduler.idle
+        return self.scheduler.idle and self._inflight is None
 
     def step(self) -> list[Sequence]:
-        """One engine step over the queued requests; the sequences that finished in it."""
-        spans = self.scheduler.schedule()
-        if not spans:
-            raise RuntimeError("the scheduler made no progress (cache too small for the waiting request?)")
+        """One engine step over the queued requests; the sequences that finished in it.
+
+        Overlapped decode (`overlap`, where the decode graph samples): while a decode step runs on the
+        device, the host schedules and stages the next one (`Scheduler.schedule_ahead`) and launches
+        it behind the running one — its token ids gathered on the device from the running step's
+        output — then waits for the running step's tokens and records them while the device runs
+        the next. The device then never waits for the host between decode steps. A sequence that
+        samples a stop token has a row in the step launched ahead, which is discarded (its own pages,
+        freed after): with pinned kernels that row changes no other row's bits; in the stock arm it
+        changes the batch, as an overlapping stock engine's would."""
         with torch.inference_mode():  # (not a decorator: its wrapper costs as much again, every step)
-            tokens = self._step(spans)
-        return self.scheduler.postprocess(spans, tokens)
+            if self._inflight is None:
+                spans = self.scheduler.schedule()
+                if not spans:
+                    raise RuntimeError("the scheduler made no progress (cache too small for the waiting request?)")
+                staged = self._stage_sampled(spans, None)
+                if staged is None:
+                    return self.scheduler.postprocess(spans, self._step(spans))
+                pending = self.graphs.fire(staged)
+            else:
+                spans, pending = self._inflight
+                self._inflight = None
+            ahead = self.scheduler.schedule_ahead(spans)
+            staged = self._stage_sampled(ahead, spans) if ahead else None
+            if staged is not None:  # queued behind the running step: the device never waits for the host
+                self._inflight = (ahead, self.graphs.fire(staged, pending.device_tokens))
+            tokens, logprobs = pending.wait()
+            return self.scheduler.postprocess(spans, dict(zip([s.seq.seq_id for s in spans], zip(tokens, logprobs))))
+
+    def _stage_sampled(self, spans: list[Span], previous: list[Span] | None) -> tuple | None:
+        """Stage a decode step whose graph samples, for `DecodeGraphs.fire`; None where the step is not
+        one (or overlap is off). `previous`: the step whose tokens, still on the device, this one
+        takes as input (by row)."""
+        if not self.overlap or not self._graphed(spans):
+            return None
+        params = [s.seq.params for s in spans]
+        temperature = self._graph_temperature(params)
+        if temperature is None:
+            return None
+        tokens, pos, slots, tables = self._decode_inputs(spans) if previous is None else self._ahead_inputs(
+            spans, previous)
+        return self.graphs.prepare(tokens, pos, slots, tables, [p.seed for p in params],
+                                   [p.temperature for p in params], temperature)
+
+    def _ahead_inputs(self, spans: list[Span], previous: list[Span]):
+        """`_decode_inputs` of a step scheduled ahead: in place of each token id, its sequence's row in
+        `previous`, whose sampled token it is."""
+        row = {s.seq.seq_id: i for i, s in enumerate(previous)}
+        _, pos, slots, tables = self._decode_inputs(spans)
+        return [row[s.seq.seq_id] for s in spans], pos, slots, tables
 
     def _graphed(self, spans: list[Span]) -> bool:
         """Whether the step is a decode step the captured graphs serve: one new token per sequence, each

@@ -125,12 +125,46 @@ class Scheduler:
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
 
+    def schedule_ahead(self, spans: list[Span]) -> list[Span] | None:
+        """The next step, scheduled while `spans` — a decode step of every running sequence, whose
+        tokens are still on the device — runs: the same sequences in the same order, each one token on
+        (its place kept by `Sequence.hold`), less those the step's token completes by length. None
+        (and nothing changed) where the next step could differ otherwise: requests waiting to be
+        admitted, a running sequence not in the step, or too few free blocks (a preemption). A
+        sequence that samples a stop token is in the step ahead all the same (its row there is
+        discarded); one that has finished (`spans` was itself scheduled ahead of its stop) is left out."""
+        if self.waiting:
+            return None
+        going, need, running = [], 0, 0
+        for span in spans:
+            seq = span.seq
+            if seq.status is not Status.RUNNING:  # finished on a stop token: its row here is discarded
+                continue
+            running += 1
+            if span.count != 1 or not span.samples:
+                return None
+            if len(seq.tokens) + 1 - len(seq.prompt) >= seq.params.max_tokens:
+                continue  # its step's token is its last
+            going.append(seq)
+            need += len(seq.tokens) // seq.block_size >= len(seq.block_table)  # its next position opens a block
+        if running != len(self.running) or need > len(self.blocks.free):
+            return None
+        ahead = []
+        for seq in going:
+            seq.hold()
+            self.blocks.may_append(seq)
+            ahead.append(Span(seq, len(seq.tokens) - 1, 1, True))
+        return ahead
+
     def postprocess(self, spans: list[Span], tokens: dict[int, tuple[int, float]]) -> list[Sequence]:
         """Record the computed spans and the sampled (token, logprob) of sampling spans by seq_id;
-        returns the sequences that finished."""
+        returns the sequences that finished. A span of a sequence that finished meanwhile (a step
+        scheduled ahead of its stop token) is dropped."""
         done = []
         for span in spans:
             seq = span.seq
+            if seq.status is not Status.RUNNING:
+                continue
             seq.num_computed = span.start + span.count
             if not span.samples:
                 continue

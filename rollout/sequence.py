@@ -44,6 +44,7 @@ class Status(Enum):
 
 
 _ids = itertools.count()
+PENDING = -1  # a token the device has sampled and the host has not read yet (`Sequence.hold`)
 
 
 @dataclass(eq=False)
@@ -84,8 +85,17 @@ class Sequence:
         return self.tokens[i * self.block_size:(i + 1) * self.block_size]
 
     def append(self, token: int, logprob: float) -> None:
-        self.tokens.append(token)
+        """The next token and its logprob (filling the place `hold` kept for it, if any)."""
+        if self.tokens[-1] == PENDING:
+            self.tokens[-1] = token
+        else:
+            self.tokens.append(token)
         self.logprobs.append(logprob)
+
+    def hold(self) -> None:
+        """Keep the place of a token still on the device, so that the next step can be scheduled
+        before it is read (the engine's overlapped decode); `append` fills it."""
+        self.tokens.append(PENDING)
 
     @property
     def finished(self) -> bool:
