@@ -74,3 +74,36 @@ def test_overlapped_decode_gives_the_same_tokens_and_logprobs(tmp_path, device, 
         "the case must stop some requests on the token"
     assert ghosts and all(g.completion[-1] == stop for g in ghosts), \
         "some request stopped while the step ahead held its row (discarded)"
+
+
+def test_overlap_under_page_pressure_and_shared_prompts(tmp_path):
+    """GRPO's shape — samples of one prompt sharing its cached blocks — in a cache too small for all
+    of them at once (requests preempted and recomputed): overlap on and off give the same tokens and
+    logprobs, and the engine still launches steps ahead between the preemptions."""
+    model = load_model(save(hf_model("qwen2"), tmp_path), "detent", dtype=torch.float32, **LIMITS)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(VOCAB) for _ in range(37)] for _ in range(2)]
+    reqs = [(prompts[i % 2], SamplingParams(seed=70 + i, temperature=1.0, max_tokens=24)) for i in range(8)]
+    runs = []
+    for overlap in (False, True):
+        engine = Engine(model, num_blocks=14, max_num_seqs=8, chunk_size=32, overlap=overlap)
+        if engine.graphs is None:
+            engine.graphs = DecodeGraphs(model, engine.caches, len(engine.blocks.blocks), 8, capture=False)
+        fired, preempted = [], 0
+        fire, preempt = engine.graphs.fire, engine.scheduler._preempt
+
+        def counting_fire(staged, feed=None, fire=fire, fired=fired):
+            fired.append(feed is not None)
+            return fire(staged, feed)
+
+        def counting_preempt(seq, preempt=preempt):
+            nonlocal preempted
+            preempted += 1
+            preempt(seq)
+        engine.graphs.fire, engine.scheduler._preempt = counting_fire, counting_preempt
+        seqs = engine.generate([p for p, _ in reqs], [sp for _, sp in reqs])
+        runs.append(([s.completion for s in seqs], [s.logprobs for s in seqs], sum(fired), preempted))
+    (want_t, want_lp, _, _), (got_t, got_lp, ahead, preempted) = runs
+    assert got_t == want_t and got_lp == want_lp
+    assert preempted > 0, "the cache must be small enough to preempt"
+    assert ahead > 0, "steps between preemptions are launched ahead"
