@@ -117,7 +117,11 @@ class TrainSection:
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW
     eps: float = 1e-8  # AdamW
     grad_clip: float = 1.0  # max global grad norm; 0: off
-    micro_batch_size: int = 8  # sequences per forward/backward
+    micro_batch_size: int = 8  # sequences per forward/backward, at most
+    # tokens (prompt + completion) per forward/backward, at most: sequences are packed in order until
+    # the next would pass it (long completions: a budget, not a count). The deployment's step is sized
+    # for it (at least model.max_context); null: micro_batch_size sequences of model.max_context
+    max_tokens_per_micro_batch: Optional[int] = None
     updates_per_batch: int = 1  # optimiser steps per rollout batch (it is split into that many minibatches)
     loss: LossSection = field(default_factory=LossSection)
 
@@ -245,6 +249,7 @@ _BOUNDS = (
     ("train.eps", lambda v: v > 0, "must be > 0"),
     ("train.grad_clip", _non_negative, "must be >= 0 (0: off)"),
     ("train.micro_batch_size", _positive, "must be >= 1"),
+    ("train.max_tokens_per_micro_batch", lambda v: v is None or v >= 1, "must be >= 1 or null"),
     ("train.updates_per_batch", _positive, "must be >= 1"),
     ("train.loss.clip_low", lambda v: 0 <= v < 1, "must be in [0, 1) (the ratio floor is 1 - clip_low)"),
     ("train.loss.clip_high", _non_negative, "must be >= 0"),
@@ -308,6 +313,10 @@ def _validate(r: Recipe, ctx: Context) -> Recipe:
     if need > m.max_context:
         raise ctx.error("model.max_context", f"{m.max_context} is less than data.max_prompt_tokens + "
                                              f"rollout.max_new_tokens = {need}")
+    budget = r.train.max_tokens_per_micro_batch
+    if budget is not None and budget < need:
+        raise ctx.error("train.max_tokens_per_micro_batch", f"{budget} cannot hold the longest sequence, "
+                        f"data.max_prompt_tokens + rollout.max_new_tokens = {need} (a sequence is one forward)")
     if d.eval_size >= d.size:
         raise ctx.error("data.eval_size", f"{d.eval_size} leaves none of data.size {d.size} to train on")
     if r.rollout.prompts_per_step > d.size - d.eval_size:

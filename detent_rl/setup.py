@@ -63,7 +63,8 @@ def prepare(recipe: Recipe) -> RunSetup:
     batch = ro.prompts_per_step * ro.samples_per_prompt
     spec = ModelSpec(path=str(checkpoint), arm=recipe.run.arm, device=device, dtype=m.dtype,
                      max_context=m.max_context, max_batch=max(ro.max_num_seqs, tr.micro_batch_size, batch, 8),
-                     max_num_tokens=max(2048, tr.micro_batch_size * m.max_context, ro.chunk_size),
+                     max_num_tokens=max(2048, tr.max_tokens_per_micro_batch or tr.micro_batch_size * m.max_context,
+                                        m.max_context, ro.chunk_size),
                      commitment=m.commitment, threads=1 if device == "cpu" else 0)
     spec.check()
     return RunSetup(device, checkpoint, tokenizer, spec, train_tasks, eval_tasks, prompts, load_reward(d.reward))

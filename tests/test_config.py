@@ -277,6 +277,8 @@ def test_source_kinds(tmp_path):
     ("rollout.samples_per_prompt=0", "rollout.samples_per_prompt"),
     ("train.steps=0", "train.steps"),
     ("train.micro_batch_size=0", "train.micro_batch_size"),
+    ("train.max_tokens_per_micro_batch=0", "train.max_tokens_per_micro_batch"),
+    ("train.max_tokens_per_micro_batch=10", "train.max_tokens_per_micro_batch"),
     ("train.lr=0", "train.lr"),
     ("train.loss.clip_low=-0.1", "train.loss.clip_low"),
     ("train.loss.clip_high=-1", "train.loss.clip_high"),

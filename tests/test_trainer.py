@@ -13,7 +13,7 @@ from detent_rl.rollout.sequence import SamplingParams
 from detent_rl.config import LossSection, TrainSection
 from detent_rl.models.weights import weights_sha256
 from detent_rl.trainer.grpo import group_advantages, normalizer, sequence_loss
-from detent_rl.trainer.trainer import Sample, Trainer
+from detent_rl.trainer.trainer import Sample, Trainer, micro_batches
 from test_models import LIMITS, hf_model, save, sequences
 
 
@@ -129,3 +129,32 @@ def test_weights_sha256_sees_every_byte_name_dtype_and_shape():
                {"x" if k == "a" else k: v for k, v in w.items()}, {k: v for k, v in w.items() if k != "c"}]
     hashes = [weights_sha256(c) for c in changed]
     assert base not in hashes and len(set(hashes)) == len(hashes)
+
+
+def test_micro_batches_pack_by_tokens_in_order():
+    lengths = [5, 9, 3, 3, 12, 1, 7]
+    runs = micro_batches(lengths, 3, 12, list(range(7)))
+    assert runs == [[0], [1, 2], [3], [4], [5, 6]]  # 5+9 > 12; 9+3; 3+12 > 12; 12; 1+7
+    assert [i for r in runs for i in r] == list(range(7)) and all(sum(lengths[i] for i in r) <= 12 for r in runs)
+    assert micro_batches(lengths, 2, 100, list(range(7))) == [[0, 1], [2, 3], [4, 5], [6]]  # the count cap
+    with pytest.raises(ValueError, match="sample 4 has 12 tokens, more than a micro-batch's budget of 11"):
+        micro_batches(lengths, 3, 11, list(range(7)))
+
+
+def test_token_budget_micro_batches_keep_the_rescore_bits_and_train(tmp_path):
+    """Sequences packed by a token budget (several per forward, or one) get the rollout's logprobs bit
+    for bit, and the update runs on them with the first minibatch's ratios exactly 1."""
+    model = load_model(save(hf_model("qwen2"), tmp_path), "detent", dtype=torch.bfloat16, **LIMITS)
+    samples = _rollout(model, n_prompts=3, group=2, max_tokens=8)
+    for s, a in zip(samples, (1.0, -1.0, 0.5, -0.5, 1.0, -1.0)):
+        s.advantage = a
+    lengths = [len(s.tokens) for s in samples]
+    for budget in (max(lengths), 2 * max(lengths) + 1, sum(lengths)):
+        trainer = Trainer(model, TrainSection(lr=1e-3, micro_batch_size=6, max_tokens_per_micro_batch=budget))
+        runs = trainer._micro(samples)
+        assert all(sum(len(s.tokens) for s in r) <= budget for r in runs)
+        assert [o.tolist() for o in trainer.rescore(samples)] == [s.rollout_logprobs for s in samples], budget
+    assert len(runs) == 1 and len(Trainer(model, TrainSection(max_tokens_per_micro_batch=max(lengths)))
+                                  ._micro(samples)) == len(samples)
+    stats = trainer.train(samples, trainer.rescore(samples))
+    assert stats.first_minibatch_ratio_ones == 1.0

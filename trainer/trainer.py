@@ -7,8 +7,8 @@ engine receives (`compute_weights`, with `models.weights.weights_sha256` checked
 
 A step: `rescore` recomputes every sample's completion logprobs with no grad (the bit-check's
 right-hand side, and GRPO's logp_old); `train` splits the batch into `updates_per_batch`
-minibatches, each one optimizer step accumulated over micro-batches of `micro_batch_size`
-sequences: a grad-enabled forward through the same kernels (kernels.autograd — the same bits as
+minibatches, each one optimizer step accumulated over micro-batches of at most `micro_batch_size`
+sequences and `max_tokens_per_micro_batch` tokens: a grad-enabled forward through the same kernels (kernels.autograd — the same bits as
 `rescore`, so the first minibatch's ratios are exactly 1.0), the GRPO loss, backward, and the
 micro-batch's bf16 gradients added into the fp32 masters' gradients. Then clipping, AdamW, the
 learning-rate schedule (per optimizer step), and the rounding back into the compute weights.
@@ -73,6 +73,25 @@ def _lr_factor(cfg: TrainSection):
     return factor
 
 
+def micro_batches(lengths: list[int], max_seqs: int, max_tokens: int, items: list) -> list[list]:
+    """`items` cut into consecutive runs of at most `max_seqs` items whose `lengths` sum to at most
+    `max_tokens` (greedy, in order). A sequence longer than `max_tokens` alone is refused, naming it:
+    the trainer's forward computes a sequence in one step."""
+    runs, run, tokens = [], [], 0
+    for i, (n, item) in enumerate(zip(lengths, items)):
+        if n > max_tokens:
+            raise ValueError(f"sample {i} has {n} tokens, more than a micro-batch's budget of {max_tokens} "
+                             f"(train.max_tokens_per_micro_batch, at most the deployment's model.max_num_tokens)")
+        if run and (len(run) == max_seqs or tokens + n > max_tokens):
+            runs.append(run)
+            run, tokens = [], 0
+        run.append(item)
+        tokens += n
+    if run:
+        runs.append(run)
+    return runs
+
+
 def _no_stats() -> dict:
     return {"ratio_sum": 0.0, "ratio_min": math.inf, "ratio_max": -math.inf, "ratio_ones": 0, "clipped": 0,
             "kl_sum": 0.0, "tokens": 0}
@@ -99,8 +118,17 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_factor(cfg))
 
     def _micro(self, samples: list[Sample]) -> list[list[Sample]]:
-        n = self.cfg.micro_batch_size
-        return [samples[i:i + n] for i in range(0, len(samples), n)]
+        """Consecutive runs of `samples`, each at most `micro_batch_size` sequences and at most the
+        token budget (`max_tokens_per_micro_batch`, capped by the deployment's step), in order: the
+        pinned forward gives every sequence the same bits in any of them."""
+        return micro_batches([len(s.tokens) for s in samples], self.cfg.micro_batch_size, self.token_budget,
+                             samples)
+
+    @property
+    def token_budget(self) -> int:
+        step = self.model.selections.deployment.max_num_tokens
+        cap = self.cfg.max_tokens_per_micro_batch
+        return step if cap is None else min(cap, step)
 
     def _logprobs(self, model: CausalLM, samples: list[Sample]) -> list[torch.Tensor]:
         return completion_logprobs(model, [(s.tokens, s.num_prompt) for s in samples],
