@@ -11,10 +11,11 @@ from detent_rl.models import load_model
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
 from detent_rl.config import LossSection, TrainSection
+from detent_rl.models.runner import completion_logprobs
 from detent_rl.models.weights import weights_sha256
 from detent_rl.trainer.grpo import group_advantages, normalizer, sequence_loss
 from detent_rl.trainer.trainer import Sample, Trainer, micro_batches
-from test_models import LIMITS, hf_model, save, sequences
+from test_models import LIMITS, VOCAB, hf_model, save, sequences
 
 
 def test_group_advantages_grpo_and_dr_grpo():
@@ -158,3 +159,48 @@ def test_token_budget_micro_batches_keep_the_rescore_bits_and_train(tmp_path):
                                   ._micro(samples)) == len(samples)
     stats = trainer.train(samples, trainer.rescore(samples))
     assert stats.first_minibatch_ratio_ones == 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_logits_in_row_blocks_keep_the_bits_and_free_the_logits(tmp_path, dtype):
+    """completion_logprobs in blocks of 5 completion rows (the LM head and log-softmax recomputed per
+    block in the backward) gives the unblocked logprobs bit for bit, with and without grad, gradients
+    equal up to the backward's rounding, and keeps no [rows, vocab] logits for the backward: the
+    unblocked pass saves them (control)."""
+    model = load_model(save(hf_model("qwen2"), tmp_path), "detent", dtype=dtype, **LIMITS)
+    seqs = [(t, p) for t, p in zip(sequences(4, (30, 19, 44)), (11, 7, 20))]  # 19 + 12 + 24 completion rows
+    temps = [1.0, 0.7, 1.0]
+    rows = sum(len(t) - p for t, p in seqs)
+    with torch.no_grad():
+        whole = completion_logprobs(model, seqs, temps, block_rows=rows)
+        blocked = completion_logprobs(model, seqs, temps, block_rows=5)
+    assert [a.tolist() for a in blocked] == [a.tolist() for a in whole]
+
+    def grads_and_saved(block_rows: int):
+        for p in model.parameters():
+            p.requires_grad_(True)
+            p.grad = None
+        saved = {}
+
+        def pack(t):  # what the backward keeps of tensors over the vocabulary (logits)
+            if t.dim() == 2 and t.shape[-1] == VOCAB:
+                saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = completion_logprobs(model, seqs, temps, block_rows=block_rows)
+        sum((o * (i + 1)).sum() for i, o in enumerate(out)).backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        for p in model.parameters():
+            p.requires_grad_(False)
+            p.grad = None
+        return out, grads, sum(saved.values())
+
+    out_w, grads_w, big_w = grads_and_saved(rows)
+    out_b, grads_b, big_b = grads_and_saved(5)
+    assert [a.tolist() for a in out_b] == [a.tolist() for a in out_w] == [a.tolist() for a in whole]
+    # the LM head's weight gradient is summed over the blocks in the weights' dtype (bf16: ~1e-3 off)
+    rel = 1e-5 if dtype == torch.float32 else 1e-2
+    assert all((a.float() - b.float()).norm() <= rel * a.float().norm() for a, b in zip(grads_w, grads_b))
+    logits_bytes = rows * VOCAB * dtype.itemsize
+    assert big_w >= logits_bytes, "control: the unblocked pass keeps the whole logits for its backward"
+    assert big_b == 0, f"blocked: {big_b} bytes of logits kept for the backward"

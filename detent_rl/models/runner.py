@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from detent_rl.kernels.attention import attn_meta
 from detent_rl.kernels.autograd import token_logprobs_autograd
@@ -72,14 +73,22 @@ def prefill_batch(model: CausalLM, caches: list[KVCache], sequences: list[list[i
     return run_step(model, caches, spans)
 
 
-def completion_logprobs(model: CausalLM, sequences: list[tuple[list[int], int]], temperatures: list[float]
-                        ) -> list[torch.Tensor]:
+LOGITS_BLOCK_ROWS = 4096  # completion rows whose LM-head logits exist at once (~1.2 GB at a 151,936 vocab)
+
+
+def completion_logprobs(model: CausalLM, sequences: list[tuple[list[int], int]], temperatures: list[float],
+                        block_rows: int = LOGITS_BLOCK_ROWS) -> list[torch.Tensor]:
     """The trainer's computation: fp32 logprobs [len - prompt] of each (tokens, prompt length)'s
     completion at its temperature, from ONE prefill step of all the sequences in fresh pages.
 
     Differentiable when grad is enabled and the weights require it (kernels.autograd); with the
     pinned selections its bits are the rollout's, whatever the batch. The sequence's last token
     is the completion's last: nothing is predicted after it.
+
+    The LM head and the log-softmax run on `block_rows` completion rows at a time; with grad, each
+    block's logits are recomputed in the backward (torch.utils.checkpoint) instead of kept, so a
+    long-completion micro-batch holds one block's [rows, vocab] logits, not all of them. A row's
+    bits do not see the block (pinned selections are batch-invariant).
     """
     if len(sequences) != len(temperatures):
         raise ValueError(f"{len(sequences)} sequences but {len(temperatures)} temperatures")
@@ -101,17 +110,35 @@ def completion_logprobs(model: CausalLM, sequences: list[tuple[list[int], int]],
         rows.extend(range(at + n_prompt - 1, at + len(tokens) - 1))
         targets.extend(tokens[n_prompt:])
         at += len(tokens)
-    logits = model.logits(hidden[torch.tensor(rows, device=hidden.device)])
-    ids = torch.tensor(targets, dtype=torch.int64, device=logits.device)
+    states = hidden[torch.tensor(rows, device=hidden.device)]
+    ids = torch.tensor(targets, dtype=torch.int64, device=hidden.device)
     select = model.selections.get("log_softmax")
-    out, at = [], 0
+    segments, at = [], 0  # (first row, rows, selection, temperature) per sequence
     for (tokens, n_prompt), t in zip(sequences, temperatures):
         n = len(tokens) - n_prompt
-        cfg = select(n)  # the row count the engine's sampler and rescore select with: pinned, so moot
-        out.append(token_logprobs_autograd(logits[at:at + n], ids[at:at + n], block=cfg.block,
-                                           num_warps=cfg.num_warps, temperature=t or 1.0))
+        segments.append((at, n, select(n), t or 1.0))  # the row count the engine's sampler selects with
         at += n
-    return out
+
+    def block(lo: int, hi: int, h: torch.Tensor) -> torch.Tensor:
+        """Logprobs of completion rows [lo, hi) from their hidden states h."""
+        logits, parts = model.logits(h), []
+        for first, n, cfg, t in segments:
+            a, b = max(first, lo), min(first + n, hi)
+            if a < b:
+                parts.append(token_logprobs_autograd(logits[a - lo:b - lo], ids[a:b], block=cfg.block,
+                                                     num_warps=cfg.num_warps, temperature=t))
+        return torch.cat(parts)
+
+    recompute = torch.is_grad_enabled() and states.requires_grad and len(rows) > block_rows
+    blocks = []
+    for lo in range(0, len(rows), block_rows):
+        hi = min(lo + block_rows, len(rows))
+        if recompute:
+            blocks.append(checkpoint(block, lo, hi, states[lo:hi], use_reentrant=False))
+        else:
+            blocks.append(block(lo, hi, states[lo:hi]))
+    flat = torch.cat(blocks) if len(blocks) > 1 else blocks[0]
+    return list(flat.split([n for _, n, _, _ in segments]))
 
 
 class SequenceRunner:
