@@ -122,6 +122,7 @@ class TrainSection:
     # the next would pass it (long completions: a budget, not a count). The deployment's step is sized
     # for it (at least model.max_context); null: micro_batch_size sequences of model.max_context
     max_tokens_per_micro_batch: Optional[int] = None
+    activation_checkpointing: bool = False  # keep each layer's input only; recompute the layer in the backward
     updates_per_batch: int = 1  # optimiser steps per rollout batch (it is split into that many minibatches)
     loss: LossSection = field(default_factory=LossSection)
 

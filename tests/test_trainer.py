@@ -204,3 +204,40 @@ def test_logits_in_row_blocks_keep_the_bits_and_free_the_logits(tmp_path, dtype)
     logits_bytes = rows * VOCAB * dtype.itemsize
     assert big_w >= logits_bytes, "control: the unblocked pass keeps the whole logits for its backward"
     assert big_b == 0, f"blocked: {big_b} bytes of logits kept for the backward"
+
+
+def test_activation_checkpointing_keeps_bits_and_gradients(tmp_path):
+    """train.activation_checkpointing recomputes each layer in the backward with the same kernels:
+    the same logprobs and the same gradients, bit for bit, and the backward keeps far fewer
+    activations (the plain pass keeps every layer's: control)."""
+    model = load_model(save(hf_model("qwen2"), tmp_path), "detent", dtype=torch.bfloat16, **LIMITS)
+    seqs = [(t, p) for t, p in zip(sequences(6, (40, 27)), (15, 9))]
+
+    def run(recompute: bool):
+        model.model.checkpoint_layers = recompute
+        for p in model.parameters():
+            p.requires_grad_(True)
+            p.grad = None
+        saved = {}
+
+        def pack(t):
+            if not isinstance(t, torch.nn.Parameter):
+                saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = completion_logprobs(model, seqs, [1.0, 1.0])
+        sum((o * (i + 1)).sum() for i, o in enumerate(out)).backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        for p in model.parameters():
+            p.requires_grad_(False)
+            p.grad = None
+        model.model.checkpoint_layers = False
+        return [o.tolist() for o in out], grads, sum(saved.values())
+
+    plain, grads, kept = run(False)
+    again, grads_again, kept_again = run(True)
+    assert again == plain
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_again))
+    assert kept_again < kept / 2, (kept_again, kept)
+    trainer = Trainer(model, TrainSection(activation_checkpointing=True))
+    assert model.model.checkpoint_layers and trainer.cfg.activation_checkpointing

@@ -110,6 +110,7 @@ class Trainer:
         if cfg.loss.kl_coef and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.model, self.cfg, self.ref_model = model, cfg, ref_model
+        model.model.checkpoint_layers = cfg.activation_checkpointing
         self.names = [n for n, _ in model.named_parameters()]  # a tied head appears once
         self.params = [p for _, p in model.named_parameters()]
         self.master = [torch.nn.Parameter(p.detach().float().clone()) for p in self.params]

@@ -11,12 +11,13 @@ from typing import Any, Optional
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from detent_rl.kernels.attention import pack_of
 from detent_rl.kernels.rotary import rope_cos_sin
 from detent_rl.kernels.selections import Deployment, KernelSelections
 from detent_rl.models.config import ModelConfig
-from detent_rl.models.context import KVCache
+from detent_rl.models.context import ForwardContext, KVCache, get_context, set_context
 from detent_rl.models.layers import MLP, Attention, Device, Embedding, Linear, RMSNorm, RotaryEmbedding
 
 
@@ -59,13 +60,27 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i, rotary, selections, device, dtype)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, selections, device, dtype)
+        # with grad: keep each layer's inputs only and recompute the layer in the backward (the same
+        # kernels, so the same bits); the trainer's `train.activation_checkpointing`
+        self.checkpoint_layers = False
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
+        recompute = self.checkpoint_layers and torch.is_grad_enabled()
+        ctx = get_context() if recompute else None
         for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual)
+            if recompute:  # the backward's recomputation runs outside the caller's `set_context`
+                hidden, residual = checkpoint(_in_context, ctx, layer, positions, hidden, residual,
+                                              use_reentrant=False)
+            else:
+                hidden, residual = layer(positions, hidden, residual)
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+
+def _in_context(ctx: ForwardContext, layer: nn.Module, *args: Any) -> Any:
+    with set_context(ctx):
+        return layer(*args)
 
 
 class CausalLM(nn.Module):
