@@ -123,6 +123,10 @@ class TrainSection:
     # for it (at least model.max_context); null: micro_batch_size sequences of model.max_context
     max_tokens_per_micro_batch: Optional[int] = None
     activation_checkpointing: bool = False  # keep each layer's input only; recompute the layer in the backward
+    # with updates_per_batch 1: bit-check the update's own forward (it runs on the rollout's weights)
+    # instead of a separate rescore pass; more minibatches always rescore first (the later ones'
+    # forwards run on updated weights, so only a rescore checks every token)
+    free_bitcheck: bool = True
     updates_per_batch: int = 1  # optimiser steps per rollout batch (it is split into that many minibatches)
     loss: LossSection = field(default_factory=LossSection)
 

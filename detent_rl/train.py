@@ -1,8 +1,10 @@
 """GRPO with bit-exact rollout logprobs: `python -m detent_rl.train RECIPE [key.sub=value ...] [--resume [PATH]]`.
 
-Each step: generate (rollout group) -> reward -> rescore + bit-check (trainer group) -> advantages
--> train -> weight sync (trainer -> rollout directly, sha256 checked on both sides) -> log ->
-checkpoint -> eval. A run that stops on a mismatch still writes its report.
+Each step: generate (rollout group) -> reward -> advantages -> rescore + bit-check -> train (trainer
+group) -> weight sync (trainer -> rollout directly, sha256 checked on both sides) -> log -> checkpoint
+-> eval. With one update per batch (`train.free_bitcheck`, the default) there is no rescore pass: the
+update's own forward runs on the rollout's weights, its logprobs are checked, and a mismatch stops the
+run before the updated weights leave the trainer. A run that stops on a mismatch still writes its report.
 """
 from __future__ import annotations
 
@@ -116,12 +118,17 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
                                   std=recipe.train.loss.advantage_std)
     for s, a in zip(samples, advantages):
         s.advantage = a
-    old = trainer.call_one("rescore", samples)
     rollout_lp = [torch.tensor(s.rollout_logprobs, dtype=torch.float32) for s in samples]
+    free = recipe.train.free_bitcheck and recipe.train.updates_per_batch == 1
+    if free:  # the update's own forward is the trainer's side; a mismatch stops before the weights leave it
+        stats, old = trainer.call_one("train_checked", samples)
+    else:
+        old = trainer.call_one("rescore", samples)
     check = bitcheck(step, [s.request_id for s in samples], rollout_lp, old)
     log.bitcheck(check)
     enforce(check, recipe.run.on_mismatch)
-    stats = trainer.call_one("train", samples, old)
+    if not free:
+        stats = trainer.call_one("train", samples, old)
     # pi_trainer / pi_rollout per token: exactly 1 when the bits match (what TIS would correct)
     behaviour = torch.exp(torch.cat(old) - torch.cat(rollout_lp))
     (sha,) = set(rollout.call("update_weights", *trainer.async_call("weights")))
@@ -131,7 +138,8 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
                "step_time_s": time.perf_counter() - t0, "rollout_time_s": t_rollout,
                "tokens_per_s": new_tokens / t_rollout, "new_tokens": new_tokens, "weights_sha256": sha,
                "rollout_ratio_min": behaviour.min().item(), "rollout_ratio_max": behaviour.max().item(),
-               "rollout_ratio_mean": behaviour.mean().item(), **asdict(stats)}
+               "rollout_ratio_mean": behaviour.mean().item(), "bitcheck_source": "update" if free else "rescore",
+               **asdict(stats)}
     if recipe.eval.every and setup.eval_tasks and step % recipe.eval.every == 0:
         metrics["eval_reward"] = evaluate(recipe, setup, rollout)
     log.metrics(step, metrics)

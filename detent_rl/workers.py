@@ -120,6 +120,9 @@ class TrainerWorker:
     def train(self, samples: list[Sample], old: list[torch.Tensor]) -> TrainStats:
         return self.trainer.train(samples, old)
 
+    def train_checked(self, samples: list[Sample]) -> tuple[TrainStats, list[torch.Tensor]]:
+        return self.trainer.train_checked(samples)
+
     def weights(self) -> WeightUpdate:
         w = self.trainer.compute_weights()
         return WeightUpdate(w, weights_sha256(w))

@@ -81,6 +81,12 @@ def test_detent_run_is_bit_equal_stock_stops_with_a_report_and_inline_equals_ray
     (check,) = _lines(stock, "bitcheck.jsonl").values()
     assert check["bit_match"] < 1.0 and check["kl_k3"] != 0.0
     assert "tokens differ" in (stock / "report.html").read_text()
+    # and with the free bit-check (one update per batch: the update's own forward is checked)
+    proc = _driver(_recipe(tmp_path, tmp_path / "stock1", "stock"), "ray.mode=inline", "train.updates_per_batch=1",
+                   rc=2)
+    assert "bit-check failed at step 1" in proc.err
+    (check,) = _lines(tmp_path / "stock1", "bitcheck.jsonl").values()
+    assert check["bit_match"] < 1.0
 
 
 def test_a_killed_run_resumes_to_the_uninterrupted_runs_bits(tmp_path):
@@ -138,7 +144,9 @@ def test_the_default_recipe_runs_bit_equal_on_a_local_ray(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (check,) = _lines(run_dir, "bitcheck.jsonl").values()
     assert check["tokens_compared"] > 0 and check["bit_match"] == 1.0 and check["kl_k1"] == 0.0
-    assert _lines(run_dir, "metrics.jsonl")[1]["first_minibatch_ratio_ones"] == 1.0
+    metrics = _lines(run_dir, "metrics.jsonl")[1]
+    assert metrics["first_minibatch_ratio_ones"] == 1.0
+    assert metrics["bitcheck_source"] == "update"  # one update per batch: no rescore pass
     assert (run_dir / "report.html").is_file()
 
 

@@ -241,3 +241,27 @@ def test_activation_checkpointing_keeps_bits_and_gradients(tmp_path):
     assert kept_again < kept / 2, (kept_again, kept)
     trainer = Trainer(model, TrainSection(activation_checkpointing=True))
     assert model.model.checkpoint_layers and trainer.cfg.activation_checkpointing
+
+
+def test_free_bitcheck_is_the_rescored_step_bit_for_bit(tmp_path):
+    """train_checked (one update per batch, no rescore pass) returns the rollout's logprobs, and its
+    update equals rescore + train exactly: the same weights and statistics."""
+    path = save(hf_model("qwen2"), tmp_path)
+    results = []
+    for free in (False, True):
+        model = load_model(path, "detent", dtype=torch.bfloat16, **LIMITS)
+        samples = _rollout(model)
+        for s, a in zip(samples, (1.0, -1.0, 0.5, 0.0, 2.0, -2.0)):
+            s.advantage = a
+        trainer = Trainer(model, TrainSection(lr=1e-3, micro_batch_size=4))
+        if free:
+            stats, seen = trainer.train_checked(samples)
+        else:
+            seen = trainer.rescore(samples)
+            stats = trainer.train(samples, seen)
+        assert [o.tolist() for o in seen] == [s.rollout_logprobs for s in samples]
+        results.append((stats, [p.detach().clone() for p in model.parameters()]))
+    (a, wa), (b, wb) = results
+    assert a == b and all(torch.equal(x, y) for x, y in zip(wa, wb))
+    with pytest.raises(ValueError, match="updates_per_batch is 2"):
+        Trainer(model, TrainSection(updates_per_batch=2)).train_checked(samples)

@@ -147,13 +147,18 @@ class Trainer:
         """`updates_per_batch` optimizer steps over the batch; returns the step's statistics."""
         if len(samples) != len(old_logprobs):
             raise ValueError(f"{len(samples)} samples but {len(old_logprobs)} old logprob tensors")
+        return self._train(samples, old_logprobs)
+
+    def _train(self, samples: list[Sample], old_logprobs: Optional[list[torch.Tensor]],
+               seen: Optional[list[torch.Tensor]] = None) -> TrainStats:
         k = self.cfg.updates_per_batch
         size = -(-len(samples) // k)
         stats = _no_stats()
         losses, norms, first_ratio = [], [], None
         for m in range(0, len(samples), size):
-            mb, old = samples[m:m + size], old_logprobs[m:m + size]
-            loss, norm, mb_stats = self._update(mb, old)
+            mb = samples[m:m + size]
+            old = None if old_logprobs is None else old_logprobs[m:m + size]
+            loss, norm, mb_stats = self._update(mb, old, seen)
             losses.append(loss)
             norms.append(norm)
             if first_ratio is None:
@@ -165,7 +170,22 @@ class Trainer:
                           ratio_max=stats["ratio_max"], clip_frac=stats["clipped"] / t, kl_ref=stats["kl_sum"] / t,
                           first_minibatch_ratio_ones=first_ratio, train_tokens=stats["tokens"])
 
-    def _update(self, samples: list[Sample], old: list[torch.Tensor]) -> tuple[float, float, dict]:
+    def train_checked(self, samples: list[Sample]) -> tuple[TrainStats, list[torch.Tensor]]:
+        """The one optimizer step of an on-policy batch (`updates_per_batch` 1) without a rescore pass:
+        every micro-batch's forward with grad runs on the rollout's weights, so its logprobs are the
+        trainer's side of the bit-check and GRPO's logp_old (ratio exactly 1 by construction). Returns
+        the stats and those logprobs (fp32, CPU), for the caller to check against the rollout's. With
+        the bits equal, the step is the one `rescore` + `train` takes, bit for bit."""
+        if self.cfg.updates_per_batch != 1:
+            raise ValueError(f"train_checked is one update per batch; updates_per_batch is "
+                             f"{self.cfg.updates_per_batch}: rescore, then train")
+        seen: list[torch.Tensor] = []
+        return self._train(samples, None, seen), seen
+
+    def _update(self, samples: list[Sample], old: Optional[list[torch.Tensor]],
+                seen: Optional[list[torch.Tensor]] = None) -> tuple[float, float, dict]:
+        """One optimizer step over `samples`. `old` None: each forward's own logprobs are logp_old,
+        appended (fp32, CPU) to `seen`."""
         cfg = self.cfg.loss
         norm = normalizer([len(s.tokens) - s.num_prompt for s in samples], cfg)
         for mp in self.master:
@@ -176,9 +196,13 @@ class Trainer:
         try:
             at = 0
             for micro in self._micro(samples):
-                olds = old[at:at + len(micro)]
-                at += len(micro)
                 new = self._logprobs(self.model, micro)
+                if old is None:
+                    olds = [n.detach() for n in new]
+                    seen.extend(o.cpu() for o in olds)
+                else:
+                    olds = old[at:at + len(micro)]
+                at += len(micro)
                 refs = [None] * len(micro)
                 if cfg.kl_coef:
                     with torch.no_grad():
