@@ -210,14 +210,6 @@ class DecodeGraphs:
         if self._copied is not None:
             self._copied.record()
 
-    def _launch(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
-                seeds: list[int] | None, temps: list[float] | None, temperature: float | None,
-                feed: torch.Tensor | None = None) -> object:
-        """Stage the step's inputs and replay its graph (captured on first use): its outputs."""
-        b = self._padded_size(tokens, positions, slots, tables)
-        self._stage(b, tokens, positions, slots, tables, seeds, temps)
-        return self._replay((b, temperature), len(tokens), feed)
-
     def _replay(self, key: tuple[int, float | None], n: int, feed: torch.Tensor | None) -> object:
         """Upload the staged inputs and replay the graph of `key` (captured on first use). `feed`: the
         step's token ids are the staged rows' entries of this device tensor (the staged ids are
@@ -237,19 +229,16 @@ class DecodeGraphs:
     def run(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]]) -> torch.Tensor:
         """Logits [n, vocab] of one decode step: token i at `positions[i]` written to `slots[i]`,
         attending over the pages `tables[i]`. The returned tensor is overwritten by the next replay."""
-        return self._launch(tokens, positions, slots, tables, None, None, None)[:len(tokens)]
-
-    def sample(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
-               seeds: list[int], temps: list[float], temperature: float) -> tuple[list[int], list[float]]:
-        """One decode step that also samples, inside the graph: each row's next token (sampled at
-        position `positions[i] + 1` with `seeds[i]` and `temps[i]`) and its logprob at `temperature`.
-        The rows must suit `sample_unfiltered` (the engine checks); one host sync, to read them."""
-        return self.fire(self.prepare(tokens, positions, slots, tables, seeds, temps, temperature)).wait()
+        return self._replay(*self.prepare(tokens, positions, slots, tables, None, None, None), None)[:len(tokens)]
 
     def prepare(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
-                seeds: list[int], temps: list[float], temperature: float) -> tuple[tuple[int, float], int]:
-        """`sample`'s host half: stage the step's rows in the pinned buffers (which the previous step's
-        upload has left), while the device may still run that step. Its (graph key, rows) for `fire`."""
+                seeds: list[int] | None, temps: list[float] | None,
+                temperature: float | None) -> tuple[tuple[int, float | None], int]:
+        """Stage a step's rows in the pinned buffers (which the previous step's upload has left), while
+        the device may still run that step; its (graph key, rows) for `fire`. With a `temperature` the
+        graph also samples: each row's next token at position `positions[i] + 1` with `seeds[i]` and
+        `temps[i]`, and its logprob at `temperature` (the rows must suit `sample_unfiltered`; the
+        engine checks). Without, it returns logits (`run`)."""
         b = self._padded_size(tokens, positions, slots, tables)
         self._stage(b, tokens, positions, slots, tables, seeds, temps)
         return (b, temperature), len(tokens)

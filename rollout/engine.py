@@ -126,7 +126,7 @@ class Engine:
             else:
                 spans, pending = self._inflight
                 self._inflight = None
-            ahead = self.scheduler.schedule_ahead(spans)
+            ahead = self.scheduler.schedule_ahead(spans) if self.overlap else None
             staged = self._stage_sampled(ahead, spans) if ahead else None
             if staged is not None:  # queued behind the running step: the device never waits for the host
                 self._inflight = (ahead, self.graphs.fire(staged, pending.device_tokens))
@@ -134,10 +134,10 @@ class Engine:
             return self.scheduler.postprocess(spans, dict(zip([s.seq.seq_id for s in spans], zip(tokens, logprobs))))
 
     def _stage_sampled(self, spans: list[Span], previous: list[Span] | None) -> tuple | None:
-        """Stage a decode step whose graph samples, for `DecodeGraphs.fire`; None where the step is not
-        one (or overlap is off). `previous`: the step whose tokens, still on the device, this one
-        takes as input (by row)."""
-        if not self.overlap or not self._graphed(spans):
+        """Stage a decode step whose graph samples (one copy in, one copy out), for `DecodeGraphs.fire`;
+        None where the step is not one. `previous`: the step whose tokens, still on the device, this
+        one takes as input (by row)."""
+        if not self._graphed(spans):
             return None
         params = [s.seq.params for s in spans]
         temperature = self._graph_temperature(params)
@@ -194,14 +194,9 @@ class Engine:
         return t if math.isfinite(t) else None
 
     def _step(self, spans: list[Span]) -> dict[int, tuple[int, float]]:
+        """A step whose graph does not sample (prefill, filtered rows, eager engines): logits, then the
+        eager sampler."""
         graphed = self._graphed(spans)
-        if graphed:
-            params = [s.seq.params for s in spans]
-            temperature = self._graph_temperature(params)
-            if temperature is not None:  # sampled inside the graph: one copy in, one copy out
-                tokens, logprobs = self.graphs.sample(*self._decode_inputs(spans), [p.seed for p in params],
-                                                      [p.temperature for p in params], temperature)
-                return dict(zip([s.seq.seq_id for s in spans], zip(tokens, logprobs)))
         logits = self._logits(spans, graphed)
         if logits is None:
             return {}

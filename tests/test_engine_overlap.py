@@ -16,22 +16,28 @@ from detent_rl.rollout.sequence import PENDING, SamplingParams, Status
 from test_models import LIMITS, VOCAB, hf_model, save
 
 
-def _engine(model, overlap: bool, max_num_seqs: int) -> Engine:
-    engine = Engine(model, num_blocks=96, max_num_seqs=max_num_seqs, chunk_size=32, overlap=overlap)
+def _engine(model, overlap: bool, max_num_seqs: int, num_blocks: int) -> Engine:
+    engine = Engine(model, num_blocks=num_blocks, max_num_seqs=max_num_seqs, chunk_size=32, overlap=overlap)
     if engine.graphs is None:  # the CPU: the graphs' staging and padded step, run eagerly
         engine.graphs = DecodeGraphs(model, engine.caches, len(engine.blocks.blocks), max_num_seqs, capture=False)
     return engine
 
 
-def _run(model, prompts, params, overlap: bool, max_num_seqs: int):
-    engine = _engine(model, overlap, max_num_seqs)
-    fired, ghosts = [], []
-    fire = engine.graphs.fire
+def _run(model, prompts, params, overlap: bool, max_num_seqs: int, num_blocks: int = 96):
+    """The requests run to the end: their sequences, whether each launch took its tokens from the
+    device, the rows of steps ahead whose sequence had finished, and the preemptions."""
+    engine = _engine(model, overlap, max_num_seqs, num_blocks)
+    fired, ghosts, preempted = [], [], []
+    fire, preempt = engine.graphs.fire, engine.scheduler._preempt
 
-    def counting_fire(staged, feed=None):  # records which launches took their tokens from the device
+    def counting_fire(staged, feed=None):
         fired.append(feed is not None)
         return fire(staged, feed)
-    engine.graphs.fire = counting_fire
+
+    def counting_preempt(seq):
+        preempted.append(seq)
+        preempt(seq)
+    engine.graphs.fire, engine.scheduler._preempt = counting_fire, counting_preempt
     seqs = [engine.add(p, sp) for p, sp in zip(prompts, params)]
     finished = []
     while not engine.idle:
@@ -40,7 +46,7 @@ def _run(model, prompts, params, overlap: bool, max_num_seqs: int):
             ghosts += [s.seq for s in engine._inflight[0] if s.seq.status is Status.FINISHED]
     assert sorted(s.seq_id for s in finished) == sorted(s.seq_id for s in seqs), "every request finishes once"
     assert all(PENDING not in s.tokens for s in seqs)
-    return seqs, fired, ghosts
+    return seqs, fired, ghosts, len(preempted)
 
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -55,7 +61,7 @@ def test_overlapped_decode_gives_the_same_tokens_and_logprobs(tmp_path, device, 
     rng = random.Random(3)
     prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(3, 30))] for _ in range(7)]
     free = [SamplingParams(seed=50 + i, temperature=1.0, max_tokens=rng.randint(4, 20)) for i in range(7)]
-    plain, _, _ = _run(model, prompts, free, overlap=False, max_num_seqs=4)
+    plain, *_ = _run(model, prompts, free, overlap=False, max_num_seqs=4)
     # a stop token every request would sample mid-way: the most common completion token
     counts = {}
     for s in plain:
@@ -64,8 +70,8 @@ def test_overlapped_decode_gives_the_same_tokens_and_logprobs(tmp_path, device, 
     stop = max(counts, key=counts.get)
     params = [SamplingParams(seed=p.seed, temperature=1.0, max_tokens=p.max_tokens, stop_token_ids=(stop,))
               for p in free]
-    want, fired_plain, _ = _run(model, prompts, params, overlap=False, max_num_seqs=4)
-    got, fired, ghosts = _run(model, prompts, params, overlap=True, max_num_seqs=4)
+    want, fired_plain, *_ = _run(model, prompts, params, overlap=False, max_num_seqs=4)
+    got, fired, ghosts, _ = _run(model, prompts, params, overlap=True, max_num_seqs=4)
     for w, g in zip(want, got):
         assert g.completion == w.completion and g.logprobs == w.logprobs, (w.completion, g.completion)
     assert not any(fired_plain), "overlap off: no step is launched ahead"
@@ -86,22 +92,7 @@ def test_overlap_under_page_pressure_and_shared_prompts(tmp_path):
     reqs = [(prompts[i % 2], SamplingParams(seed=70 + i, temperature=1.0, max_tokens=24)) for i in range(8)]
     runs = []
     for overlap in (False, True):
-        engine = Engine(model, num_blocks=14, max_num_seqs=8, chunk_size=32, overlap=overlap)
-        if engine.graphs is None:
-            engine.graphs = DecodeGraphs(model, engine.caches, len(engine.blocks.blocks), 8, capture=False)
-        fired, preempted = [], 0
-        fire, preempt = engine.graphs.fire, engine.scheduler._preempt
-
-        def counting_fire(staged, feed=None, fire=fire, fired=fired):
-            fired.append(feed is not None)
-            return fire(staged, feed)
-
-        def counting_preempt(seq, preempt=preempt):
-            nonlocal preempted
-            preempted += 1
-            preempt(seq)
-        engine.graphs.fire, engine.scheduler._preempt = counting_fire, counting_preempt
-        seqs = engine.generate([p for p, _ in reqs], [sp for _, sp in reqs])
+        seqs, fired, _, preempted = _run(model, [p for p, _ in reqs], [sp for _, sp in reqs], overlap, 8, 14)
         runs.append(([s.completion for s in seqs], [s.logprobs for s in seqs], sum(fired), preempted))
     (want_t, want_lp, _, _), (got_t, got_lp, ahead, preempted) = runs
     assert got_t == want_t and got_lp == want_lp

@@ -161,6 +161,28 @@ def test_token_budget_micro_batches_keep_the_rescore_bits_and_train(tmp_path):
     assert stats.first_minibatch_ratio_ones == 1.0
 
 
+def _backward(model, seqs, temps, kept, **kw):
+    """completion_logprobs with grad, then a backward: (logprob lists, parameter grads, bytes of the
+    saved tensors for which `kept(t)` holds, counted once per storage)."""
+    for p in model.parameters():
+        p.requires_grad_(True)
+        p.grad = None
+    saved = {}
+
+    def pack(t):
+        if kept(t):
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = completion_logprobs(model, seqs, temps, **kw)
+    sum((o * (i + 1)).sum() for i, o in enumerate(out)).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.requires_grad_(False)
+        p.grad = None
+    return [o.tolist() for o in out], grads, sum(saved.values())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_logits_in_row_blocks_keep_the_bits_and_free_the_logits(tmp_path, dtype):
     """completion_logprobs in blocks of 5 completion rows (the LM head and log-softmax recomputed per
@@ -176,28 +198,11 @@ def test_logits_in_row_blocks_keep_the_bits_and_free_the_logits(tmp_path, dtype)
         blocked = completion_logprobs(model, seqs, temps, block_rows=5)
     assert [a.tolist() for a in blocked] == [a.tolist() for a in whole]
 
-    def grads_and_saved(block_rows: int):
-        for p in model.parameters():
-            p.requires_grad_(True)
-            p.grad = None
-        saved = {}
-
-        def pack(t):  # what the backward keeps of tensors over the vocabulary (logits)
-            if t.dim() == 2 and t.shape[-1] == VOCAB:
-                saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = completion_logprobs(model, seqs, temps, block_rows=block_rows)
-        sum((o * (i + 1)).sum() for i, o in enumerate(out)).backward()
-        grads = [p.grad.clone() for p in model.parameters()]
-        for p in model.parameters():
-            p.requires_grad_(False)
-            p.grad = None
-        return out, grads, sum(saved.values())
-
-    out_w, grads_w, big_w = grads_and_saved(rows)
-    out_b, grads_b, big_b = grads_and_saved(5)
-    assert [a.tolist() for a in out_b] == [a.tolist() for a in out_w] == [a.tolist() for a in whole]
+    def logits(t):  # what the backward keeps of tensors over the vocabulary
+        return t.dim() == 2 and t.shape[-1] == VOCAB
+    out_w, grads_w, big_w = _backward(model, seqs, temps, logits, block_rows=rows)
+    out_b, grads_b, big_b = _backward(model, seqs, temps, logits, block_rows=5)
+    assert out_b == out_w == [a.tolist() for a in whole]
     # the LM head's weight gradient is summed over the blocks in the weights' dtype (bf16: ~1e-3 off)
     rel = 1e-5 if dtype == torch.float32 else 1e-2
     assert all((a.float() - b.float()).norm() <= rel * a.float().norm() for a, b in zip(grads_w, grads_b))
@@ -215,24 +220,10 @@ def test_activation_checkpointing_keeps_bits_and_gradients(tmp_path):
 
     def run(recompute: bool):
         model.model.checkpoint_layers = recompute
-        for p in model.parameters():
-            p.requires_grad_(True)
-            p.grad = None
-        saved = {}
-
-        def pack(t):
-            if not isinstance(t, torch.nn.Parameter):
-                saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = completion_logprobs(model, seqs, [1.0, 1.0])
-        sum((o * (i + 1)).sum() for i, o in enumerate(out)).backward()
-        grads = [p.grad.clone() for p in model.parameters()]
-        for p in model.parameters():
-            p.requires_grad_(False)
-            p.grad = None
-        model.model.checkpoint_layers = False
-        return [o.tolist() for o in out], grads, sum(saved.values())
+        try:
+            return _backward(model, seqs, [1.0, 1.0], lambda t: not isinstance(t, torch.nn.Parameter))
+        finally:
+            model.model.checkpoint_layers = False
 
     plain, grads, kept = run(False)
     again, grads_again, kept_again = run(True)
