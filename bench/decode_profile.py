@@ -2,7 +2,8 @@
 
 Run on a CUDA machine from the repository root:
 
-    python bench/decode_profile.py [--model qwen2-0.5b] [--batch 1,32] [--arms stock,detent] [--steps 64]
+    python bench/decode_profile.py [--model qwen2-0.5b] [--batch 1,32] [--arms stock,detent] [--steps 64] \
+        [--pdl on,off]
 
 Each arm loads the same checkpoint (a built-in config's seeded random weights, or a directory),
 decodes `--batch` greedy requests from 128-token prompts with CUDA-graph decode, times the `--steps`
@@ -12,11 +13,15 @@ replay launches). Prints per arm and batch: wall ms per step,
 GPU kernel ms per step (kernels summed: the rest of the wall is host time and launch gaps), that
 rest split into gaps between a step's kernels (under 20 µs: inside the replayed graph, by kernel
 pair) and between steps (the host), and the kernels by time per step with their launches per step. Kernel names are shortened (Triton
-kernels keep their function name; cuBLAS/CUTLASS kernels their family).
+kernels keep their function name; cuBLAS/CUTLASS kernels their family). `--pdl on,off` runs each arm
+and batch with our kernels' programmatic dependent launch on and off (DETENT_PDL), in one process.
+With PDL a kernel may be resident while its predecessor drains, so kernel times can overlap: compare
+the wall times.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from collections import defaultdict
 
@@ -93,6 +98,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--pdl", default="on", help="comma-separated on/off: our kernels' programmatic dependent "
+                                               "launch, one run each (DETENT_PDL)")
     ap.add_argument("--attention-split", default="", help="comma-separated KV split sizes to pin the detent arm's "
                                                             "attention to, one run each (default: its tuple's)")
     args = ap.parse_args()
@@ -108,13 +115,14 @@ def main() -> None:
             model = load_model(path, arm, device="cuda", dtype=torch.bfloat16,
                                commitment=attention_pinned(model, split, limits["max_context"]), **limits)
             arm = f"detent, attention split {split}"
-        for b in batches:
+        for b, pdl in [(b, p) for b in batches for p in args.pdl.split(",")]:
+            os.environ["DETENT_PDL"] = "1" if pdl == "on" else "0"  # read at each launch, so at graph capture
             g = torch.Generator().manual_seed(b)
             prompts = torch.randint(0, model.config.vocab_size, (b, args.prompt_len), generator=g).tolist()
             engine = Engine.for_requests(model, b, args.prompt_len + args.steps + 2, b)
             wall, gpu, kernels, gaps = profile_decode(engine, prompts, args.steps)
             launches = sum(c for c, _ in kernels.values())
-            print(f"\n## {args.model}, arm {arm}, batch {b}: {wall:.3f} ms/step wall, {gpu:.3f} ms/step GPU kernels "
+            print(f"\n## {args.model}, arm {arm}, PDL {pdl}, batch {b}: {wall:.3f} ms/step wall, {gpu:.3f} ms/step GPU kernels "
                   f"({launches:.0f} launches/step), {wall - gpu:.3f} ms/step host and gaps: between kernels of a "
                   f"step {gaps['in_graph_us'] / 1e3:.3f}, between steps {gaps['host_us'] / 1e3:.3f} (profiled run)\n")
             print("largest gaps inside a step (µs/step): " + "; ".join(f"{k} {v:.1f}" for k, v in gaps["pairs"]))

@@ -36,6 +36,38 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+_PDL_DEVICES: dict[int, bool] = {}
+
+
+def pdl(t: torch.Tensor) -> dict:
+    """Launch options for programmatic dependent launch (PDL) of a kernel on `t`'s device.
+
+    On Hopper and later a kernel launched with PDL may be scheduled while its predecessor in the
+    stream drains (captured graphs keep it as a programmatic edge), which hides most of the launch
+    gap between two short kernels. Every kernel of ours takes a `PDL` constexpr and starts with
+    `pdl_enter(PDL)`: it waits for its predecessor's completion and memory (griddepcontrol.wait)
+    before touching any memory, so nothing it reads or writes can race, and lets its own successor
+    be scheduled at once. It moves when a program starts, never what it computes: bit-neutral.
+    Off on the CPU, under the interpreter, before sm_90, and with DETENT_PDL=0 (A/B measurements).
+    Returns the kernel's keyword arguments: `PDL` and, when on, Triton's `launch_pdl`.
+    """
+    on = False
+    if t.is_cuda and HAS_TRITON and not interpreting() and os.environ.get("DETENT_PDL", "1") != "0":
+        index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        if index not in _PDL_DEVICES:
+            _PDL_DEVICES[index] = torch.cuda.get_device_capability(index)[0] >= 9
+        on = _PDL_DEVICES[index]
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """A kernel's first statement (see `pdl`): wait for the predecessor, release the successor."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
 def use_triton(t: torch.Tensor) -> bool:
     """CUDA tensors take the Triton path; CPU tensors the PyTorch path."""
     if t.is_cuda:

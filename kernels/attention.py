@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from detent_rl.kernels._triton import INDEX_DTYPES, interpreting, tl, triton
+from detent_rl.kernels._triton import INDEX_DTYPES, interpreting, pdl, pdl_enter, tl, triton
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_
                       stride_bt, stride_mt, stride_mh, stride_ot, stride_oh, stride_os,
                       GROUP: tl.constexpr, PACK: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                      IEEE: tl.constexpr, UPCAST: tl.constexpr):
+                      IEEE: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     tile = tl.program_id(0)
     split = tl.program_id(2)
     req = tl.load(tile_req_ptr + tile)
@@ -136,7 +137,9 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_
 
 @triton.jit
 def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, pos_ptr, stride_mt, stride_mh, stride_ot, stride_oh,
-                    stride_os, stride_outt, stride_outh, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr):
+                    stride_os, stride_outt, stride_outh, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr,
+                    PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
     n = tl.load(pos_ptr + t) // SPLIT + 1
@@ -187,9 +190,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         meta.block_table.stride(0), m.stride(0), m.stride(1), o.stride(0), o.stride(1), o.stride(2),
         GROUP=H // k_cache.shape[2], PACK=meta.pack, PAGE=k_cache.shape[1], HEAD_DIM=D, BLOCK_M=meta.block_m, BLOCK_N=block_n,
         SPLIT=split_size, IEEE=q.dtype == torch.float32, UPCAST=interpreting() and q.dtype != torch.float32,
-        num_warps=num_warps, num_stages=num_stages)
+        num_warps=num_warps, num_stages=num_stages, **pdl(q))
     _combine_kernel[(T, H)](m, lsum, o, out, meta.token_pos, m.stride(0), m.stride(1), o.stride(0),
-                            o.stride(1), o.stride(2), out.stride(0), out.stride(1), HEAD_DIM=D, SPLIT=split_size)
+                            o.stride(1), o.stride(2), out.stride(0), out.stride(1), HEAD_DIM=D, SPLIT=split_size,
+                            **pdl(q))
     return out
 
 

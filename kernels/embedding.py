@@ -2,11 +2,13 @@
 import torch
 import torch.nn.functional as F
 
-from detent_rl.kernels._triton import INDEX_DTYPES, check_block, require_triton, tl, triton, use_triton
+from detent_rl.kernels._triton import INDEX_DTYPES, check_block, pdl, pdl_enter, require_triton, tl, triton, \
+    use_triton
 
 
 @triton.jit
-def _embedding_kernel(ids_ptr, w_ptr, out_ptr, hidden, w_stride, BLOCK: tl.constexpr):
+def _embedding_kernel(ids_ptr, w_ptr, out_ptr, hidden, w_stride, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     tok = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < hidden
@@ -23,7 +25,7 @@ def _embedding_triton(ids: torch.Tensor, weight: torch.Tensor, block: int) -> to
     out = torch.empty((flat.numel(), hidden), dtype=weight.dtype, device=weight.device)
     if flat.numel() > 0:
         _embedding_kernel[(flat.numel(), triton.cdiv(hidden, block))](
-            flat, weight, out, hidden, weight.stride(0), BLOCK=block)
+            flat, weight, out, hidden, weight.stride(0), BLOCK=block, **pdl(weight))
     return out.view(*ids.shape, hidden)
 
 

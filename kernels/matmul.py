@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from detent_rl.kernels._triton import interpreting, tl, triton
+from detent_rl.kernels._triton import interpreting, pdl, pdl_enter, tl, triton
 
 
 @triton.jit
@@ -64,7 +64,8 @@ def _dot_k_blocks(x_ptr, w_ptr, acc, offs_m, offs_n, k_start, num_blocks, M, N, 
 def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, num_chunks, stride_xm, stride_xk,
                    stride_wn, stride_wk, stride_om, stride_on, HAS_BIAS: tl.constexpr, PARALLEL: tl.constexpr,
                    CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_M: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+                   GROUP_M: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     offs_m, offs_n = _tile_offsets(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # each chunk starts a fresh accumulator
@@ -87,7 +88,8 @@ def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, num_chunks, st
 
 @triton.jit
 def _splitk_reduce_kernel(ws_ptr, b_ptr, out_ptr, M, N, stride_om, stride_on,
-                          HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+                          HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M * N
     acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
@@ -146,7 +148,7 @@ def _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group
         x, w, b, out, ws, M, N, K, chunks, x.stride(0), x.stride(1), w.stride(0), w.stride(1), out.stride(0),
         out.stride(1), HAS_BIAS=bias is not None, PARALLEL=parallel, CHUNK=chunk, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, IEEE=x.dtype == torch.float32,
-        UPCAST=interpreting() and x.dtype != torch.float32, num_warps=num_warps, num_stages=num_stages)
+        UPCAST=interpreting() and x.dtype != torch.float32, num_warps=num_warps, num_stages=num_stages, **pdl(x))
     if parallel:  # the chunk sums added in chunk order
         combine_splits(ws, bias, out)
     return out
@@ -158,7 +160,7 @@ def combine_splits(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tenso
     block = 1024
     _splitk_reduce_kernel[(triton.cdiv(M * N, block),)](ws, bias if bias is not None else out, out, M, N,
                                                         out.stride(0), out.stride(1), HAS_BIAS=bias is not None,
-                                                        SPLIT_K=splits, BLOCK=block)
+                                                        SPLIT_K=splits, BLOCK=block, **pdl(out))
 
 
 CPU_BLOCK_M = 16  # the CPU path's fixed row tile: torch's CPU fp32 matmul reads M

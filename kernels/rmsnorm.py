@@ -14,13 +14,14 @@ from typing import Optional, Union
 
 import torch
 
-from detent_rl.kernels._triton import (FLOAT_DTYPES, aligned, check_block, dense_rows, fold_rows,
+from detent_rl.kernels._triton import (FLOAT_DTYPES, aligned, check_block, dense_rows, fold_rows, pdl, pdl_enter,
                                        require_triton, tl, triton, use_triton)
 
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
-                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     base = row * n_cols
     dtype = x_ptr.dtype.element_ty
@@ -63,7 +64,7 @@ def _rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual:
         _rmsnorm_kernel[(rows,)](
             x, residual if residual is not None else x, weight, out,
             res_out if res_out is not None else out, hidden, float(eps),
-            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=num_warps)
+            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=num_warps, **pdl(x))
     return out, res_out
 
 

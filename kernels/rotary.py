@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from detent_rl.kernels._triton import INDEX_DTYPES, check_block, require_triton, tl, triton, use_triton
+from detent_rl.kernels._triton import INDEX_DTYPES, check_block, pdl, pdl_enter, require_triton, tl, triton, \
+    use_triton
 from detent_rl.kernels.attention import check_store, store_kv
 
 SEQUENCE_DEPENDENT = ("dynamic", "longrope")
@@ -90,7 +91,8 @@ def _rotate(row, d, valid, pos, cos_ptr, sin_ptr, rot_dim):
 
 @triton.jit
 def _rotary_kernel(x_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, tok_stride, head_stride, n_heads, head_dim,
-                   rot_dim, BLOCK: tl.constexpr):
+                   rot_dim, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     tok = tl.program_id(0).to(tl.int64)
     idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # flat over (head, dim) of one token
     valid = idx < n_heads * head_dim
@@ -104,7 +106,8 @@ def _rotary_kernel(x_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, tok_stride, head_s
 def _rotary_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, pos_ptr, slot_ptr, cos_ptr,
                          sin_ptr, q_tok_stride, q_head_stride, k_tok_stride, k_head_stride, v_tok_stride,
                          v_head_stride, n_heads, n_kv_heads, head_dim, rot_dim, q_programs,
-                         BLOCK: tl.constexpr):
+                         BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     tok = tl.program_id(0).to(tl.int64)
     pid = tl.program_id(1)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
@@ -134,7 +137,7 @@ def _rotary_triton(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, 
     if tokens > 0:
         grid = (tokens, triton.cdiv(heads * head_dim, block))
         _rotary_kernel[grid](x, out, positions, cos, sin, x.stride(0), x.stride(1), heads, head_dim,
-                             cos.shape[1], BLOCK=block, enable_fp_fusion=False)
+                             cos.shape[1], BLOCK=block, enable_fp_fusion=False, **pdl(x))
     return out
 
 
@@ -161,7 +164,7 @@ def _rotary_store_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, posi
         _rotary_store_kernel[grid](q, k, v, q_out, k_cache, v_cache, positions, slots, cos, sin, q.stride(0),
                                    q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), heads,
                                    kv_heads, head_dim, cos.shape[1], q_programs, BLOCK=block,
-                                   enable_fp_fusion=False)
+                                   enable_fp_fusion=False, **pdl(q))
     return q_out
 
 

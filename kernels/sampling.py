@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import torch
 
-from detent_rl.kernels._triton import FLOAT_DTYPES, INDEX_DTYPES, check_block, dense_rows, require_triton, tl, triton, \
-    use_triton
+from detent_rl.kernels._triton import FLOAT_DTYPES, INDEX_DTYPES, check_block, dense_rows, pdl, pdl_enter, \
+    require_triton, tl, triton, use_triton
 from detent_rl.kernels.log_softmax import log_softmax, token_logprobs
 from detent_rl.kernels.noise import MESSAGE_BYTES, fmix32_torch, gumbel, gumbel_noise, mix_word_torch, row_state
 from detent_rl.kernels.vocab import vocab_pass
@@ -45,7 +45,8 @@ _FILTER_ELEMENTS = 1 << 24  # rows filtered at once x vocab: bounds the sort's [
 
 
 @triton.jit
-def _top_p_cutoff_kernel(probs_ptr, top_p_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+def _top_p_cutoff_kernel(probs_ptr, top_p_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     row_ptr = probs_ptr + row * n_cols
     top_p = tl.load(top_p_ptr + row)
@@ -99,7 +100,7 @@ def _top_p_cutoff_triton(probs_sorted: torch.Tensor, top_p: torch.Tensor, block:
     require_triton(probs_sorted)
     out = torch.empty(probs_sorted.shape[0], dtype=torch.int64, device=probs_sorted.device)
     _top_p_cutoff_kernel[(probs_sorted.shape[0],)](probs_sorted.contiguous(), top_p.contiguous(), out,
-                                                   probs_sorted.shape[1], BLOCK=block, num_warps=num_warps)
+                                                   probs_sorted.shape[1], BLOCK=block, num_warps=num_warps, **pdl(out))
     return out
 
 

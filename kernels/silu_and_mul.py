@@ -10,11 +10,13 @@ rounding; both sides of a rollout/trainer pair use this kernel, so they agree.
 import torch
 import torch.nn.functional as F
 
-from detent_rl.kernels._triton import FLOAT_DTYPES, check_block, require_triton, tl, triton, use_triton
+from detent_rl.kernels._triton import FLOAT_DTYPES, check_block, pdl, pdl_enter, require_triton, tl, triton, \
+    use_triton
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, d, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, d, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -31,7 +33,7 @@ def _silu_and_mul_triton(x: torch.Tensor, block: int) -> torch.Tensor:
     rows, d = x.shape[0], x.shape[1] // 2
     out = torch.empty((rows, d), dtype=x.dtype, device=x.device)
     if rows > 0 and d > 0:
-        _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](x, out, d, BLOCK=block)
+        _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](x, out, d, BLOCK=block, **pdl(x))
     return out
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from detent_rl.kernels._triton import fold_rows, tl, triton
+from detent_rl.kernels._triton import fold_rows, pdl, pdl_enter, tl, triton
 from detent_rl.kernels.noise import fmix32, mix_word
 
 MAX_SPLITS = 64
@@ -50,7 +50,8 @@ def _lanes(n: int) -> int:
 def _partials_kernel(x_ptr, n_cols, temperature, seeds_ptr, positions_ptr, temps_ptr, allowed_ptr, mask_rows_ptr,
                      part_m_ptr, part_s_ptr, part_best_ptr, part_id_ptr, n_splits,
                      SPLIT: tl.constexpr, NS: tl.constexpr, LSE: tl.constexpr, SAMPLE: tl.constexpr,
-                     HAS_MASK: tl.constexpr, APPLY_TEMP: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_MASK: tl.constexpr, APPLY_TEMP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     r = tl.program_id(1)
     out = row * NS + r
@@ -126,7 +127,8 @@ def _partials_kernel(x_ptr, n_cols, temperature, seeds_ptr, positions_ptr, temps
 @triton.jit
 def _combine_kernel(x_ptr, n_cols, temperature, ids_ptr, part_m_ptr, part_s_ptr, part_best_ptr, part_id_ptr,
                     out_ids_ptr, out_lp_ptr, out_m_ptr, out_lse_ptr, NS: tl.constexpr, SAMPLE: tl.constexpr,
-                    TOKEN_LP: tl.constexpr, STATS: tl.constexpr, APPLY_TEMP: tl.constexpr):
+                    TOKEN_LP: tl.constexpr, STATS: tl.constexpr, APPLY_TEMP: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     lanes = row * NS + tl.arange(0, NS)
     if SAMPLE:
@@ -153,8 +155,9 @@ def _combine_kernel(x_ptr, n_cols, temperature, ids_ptr, part_m_ptr, part_s_ptr,
 
 @triton.jit
 def _write_kernel(x_ptr, out_ptr, m_ptr, lse_ptr, n_cols, temperature, SPLIT: tl.constexpr,
-                  APPLY_TEMP: tl.constexpr, BLOCK: tl.constexpr):
+                  APPLY_TEMP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """log_softmax's output, range by range: (x - M) - lse."""
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     start = tl.program_id(1) * SPLIT
     end = tl.minimum(start + SPLIT, n_cols)
@@ -200,7 +203,7 @@ def vocab_pass(logits: torch.Tensor, *, block: int, num_warps: int, temperature:
     _partials_kernel[(rows, ns)](logits, vocab, t, seeds, positions, temps, allowed, mask_rows,
                                  part_m, part_s, part_best, part_id, n, SPLIT=split, NS=ns, LSE=lse,
                                  SAMPLE=sampling is not None, HAS_MASK=has_mask, APPLY_TEMP=apply_temp,
-                                 BLOCK=block, num_warps=num_warps)
+                                 BLOCK=block, num_warps=num_warps, **pdl(logits))
     token_lp = lse and (sampling is not None or token_ids is not None)
     tokens = torch.empty(rows, dtype=torch.int64, device=dev) if sampling is not None else None
     lp = torch.empty(rows, dtype=torch.float32, device=dev) if token_lp else None
@@ -210,7 +213,7 @@ def vocab_pass(logits: torch.Tensor, *, block: int, num_warps: int, temperature:
     _combine_kernel[(rows,)](logits, vocab, t, token_ids if token_ids is not None else ph, part_m, part_s,
                              part_best, part_id, tokens if tokens is not None else ph, lp if lp is not None else ph,
                              m if stats else ph, lse_out if stats else ph, NS=ns, SAMPLE=sampling is not None,
-                             TOKEN_LP=token_lp, STATS=stats, APPLY_TEMP=apply_temp, num_warps=1)
+                             TOKEN_LP=token_lp, STATS=stats, APPLY_TEMP=apply_temp, num_warps=1, **pdl(logits))
     for key, value in (("tokens", tokens), ("logprobs", lp), ("m", m), ("lse", lse_out)):
         if value is not None:
             out[key] = value
@@ -224,7 +227,8 @@ def write_log_softmax(logits: torch.Tensor, m: torch.Tensor, lse: torch.Tensor, 
     split = vocab_split(vocab, block)
     if rows > 0:
         _write_kernel[(rows, num_splits(vocab, block))](logits, out, m, lse, vocab, float(temperature), SPLIT=split,
-                                                  APPLY_TEMP=temperature != 1.0, BLOCK=block, num_warps=num_warps)
+                                                  APPLY_TEMP=temperature != 1.0, BLOCK=block, num_warps=num_warps,
+                                                  **pdl(logits))
     return out
 
 

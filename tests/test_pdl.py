@@ -1,0 +1,53 @@
+"""Programmatic dependent launch (`kernels/_triton.pdl`) is safe only if every kernel launched with it
+waits for its predecessor before it touches memory: each Triton kernel of ours must take the `PDL`
+constexpr and begin with `pdl_enter(PDL)`, and each launch must pass `**pdl(...)` (which sets `PDL`
+and `launch_pdl` together). Checked on the source, so a new kernel that forgets either fails here.
+The bits with PDL on are the GPU tests' (docs/BENCHMARKS.md)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import torch
+
+from detent_rl.kernels._triton import pdl
+
+KERNELS = Path(__file__).resolve().parent.parent / "kernels"
+
+
+def _jit_kernels(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+    """Module-level Triton kernels: `@triton.jit` functions launched with a grid somewhere."""
+    launched = {n.value.id for n in ast.walk(tree)
+                if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and isinstance(n.ctx, ast.Load)}
+    jit = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)
+           and any(ast.unparse(d) == "triton.jit" for d in f.decorator_list)}
+    return {name: f for name, f in jit.items() if name in launched}
+
+
+def _launches(tree: ast.Module, names: set[str]) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript)
+            and isinstance(n.func.value, ast.Name) and n.func.value.id in names]
+
+
+def test_every_kernel_waits_first_and_every_launch_passes_pdl():
+    seen = 0
+    for path in sorted(KERNELS.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        kernels = _jit_kernels(tree)
+        for name, f in kernels.items():
+            assert "PDL" in [a.arg for a in f.args.args], f"{path.name}: {name} has no PDL parameter"
+            body = [s for s in f.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+            assert ast.unparse(body[0]) == "pdl_enter(PDL)", \
+                f"{path.name}: {name} must begin with pdl_enter(PDL), begins with {ast.unparse(body[0])!r}"
+        for call in _launches(tree, set(kernels)):
+            passed = [ast.unparse(k.value) for k in call.keywords if k.arg is None]
+            assert any(p.startswith("pdl(") for p in passed), \
+                f"{path.name}:{call.lineno}: {call.func.value.id} launched without **pdl(...)"
+            seen += 1
+    assert seen >= 13  # every launch site of the kernel modules was looked at
+
+
+def test_pdl_is_off_on_the_cpu_and_when_disabled(monkeypatch):
+    assert pdl(torch.zeros(1)) == {"PDL": False}  # no launch_pdl either: the interpreter would reject it
+    monkeypatch.setenv("DETENT_PDL", "0")
+    assert pdl(torch.zeros(1)) == {"PDL": False}
