@@ -2,7 +2,8 @@
 
 Command: python bench/kernels_matmul_bench.py [--models 0.5b,1.5b] [--ms 1,8,32,128,512,2048,8192]
 Prints a markdown table: per site and M, the median time under CUDA-graph replay
-(triton.testing.do_bench_cudagraph: kernel time without Python launch overhead) of
+(triton.testing.do_bench_cudagraph: kernel time without Python launch overhead; the weights rotate
+through copies, `timing.cold_copies`, so each call reads them from HBM as a step does) of
   - cuBLAS: torch.nn.functional.linear (what the stock arm runs),
   - detent default: the default tuple's K partition, the schedule following M,
   - detent best: the fastest legal K partition for this M (what the tuner can commit for a workload
@@ -21,6 +22,7 @@ import triton
 
 from detent_rl.kernels.matmul import launch_params, linear
 from detent_rl.kernels.selections import Deployment, KernelSelections
+from detent_rl.timing import cold_copies
 
 MODELS = {  # deployment, and the sites (name, n, k, bias)
     "0.5b": (Deployment(num_heads=14, num_kv_heads=2, head_dim=64, hidden=896, vocab=151936),
@@ -54,15 +56,15 @@ def main() -> None:
             sol = detent.solution("matmul", n=n, k=k)
             chunks = sorted({dict(zip(sol.axes, a)).get("chunk") for a in sol.legal})
             pinned = {c: sol.commit({"chunk": c} if c is not None else {}, {"schedule_by_m": True}) for c in chunks}
-            w = (torch.randn(n, k, generator=g, device="cuda") / k ** 0.5).to(torch.bfloat16)
+            w = cold_copies((torch.randn(n, k, generator=g, device="cuda") / k ** 0.5).to(torch.bfloat16))
             b = torch.randn(n, generator=g, device="cuda").to(torch.bfloat16) if bias else None
             big = torch.randn(max(ms), k, generator=g, device="cuda").to(torch.bfloat16)
             arms = [detent.get("matmul", n=n, k=k), det.get("matmul", n=n, k=k), stock.get("matmul", n=n, k=k)]
             for m in ms:
                 x = big[:m]
-                cublas = timed(lambda: F.linear(x, w, b))
-                ours = [timed(lambda s=s: linear(x, w, b, **launch_params(s(m)))) for s in arms]
-                best = min((timed(lambda s=s: linear(x, w, b, **launch_params(s(m)))), c) for c, s in pinned.items())
+                cublas = timed(lambda: F.linear(x, w(), b))
+                ours = [timed(lambda s=s: linear(x, w(), b, **launch_params(s(m)))) for s in arms]
+                best = min((timed(lambda s=s: linear(x, w(), b, **launch_params(s(m)))), c) for c, s in pinned.items())
                 print(f"| {model} | {name} {k}->{n} | {m} | {cublas:.1f} | {ours[0] / cublas:.2f}x "
                       f"(chunk {arms[0](m).chunk}) | {best[0] / cublas:.2f}x ({best[1]}) | {ours[1] / cublas:.2f}x | "
                       f"{ours[2] / cublas:.2f}x |", flush=True)

@@ -7,7 +7,8 @@ selection's schedule table and its default K partition are chosen from.
 For each linear site of the Qwen2-0.5B / 1.5B configs, each M and each K partition (`chunk`, 0 = one
 chunk of all K): cuBLAS (`torch.nn.functional.linear`), and our `linear`'s best parallel and best
 sequential schedule over a small grid, with the winning tile. Times are CUDA-graph replays
-(triton.testing.do_bench_cudagraph), median microseconds. The `bits` column checks the claim the
+(triton.testing.do_bench_cudagraph) over rotating weight copies (`timing.cold_copies`: read from
+HBM, as in a step, not from L2), median microseconds. The `bits` column checks the claim the
 schedule rests on: row 0 of every schedule and M equals row 0 of the first one measured.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 import triton.testing
 
 from detent_rl.kernels.matmul import linear
+from detent_rl.timing import cold_copies
 
 # (name, n, k, bias) per model: qkv, o, gate_up, down, LM head
 SITES = {
@@ -45,7 +47,7 @@ def sweep(x, w, b, chunk, parallel, grid, ref_row):
     for bm, bn, bk, warps, stages in grid:
         if chunk % bk:
             continue
-        fn = lambda: linear(x, w, b, chunk=chunk, parallel=parallel, block_m=bm, block_n=bn, block_k=bk,
+        fn = lambda: linear(x, w(), b, chunk=chunk, parallel=parallel, block_m=bm, block_n=bn, block_k=bk,
                             num_warps=warps, num_stages=stages)
         out = fn()
         if ref_row is not None and not torch.equal(out[0], ref_row):
@@ -73,7 +75,8 @@ def main() -> None:
         for name, n, k, bias in SITES[model]:
             if args.sites and name not in args.sites.split(","):
                 continue
-            w = (torch.randn(n, k, generator=g, device="cuda") / k ** 0.5).to(torch.bfloat16)
+            w0 = (torch.randn(n, k, generator=g, device="cuda") / k ** 0.5).to(torch.bfloat16)
+            w = cold_copies(w0)  # read from HBM at every call, as in a step, not from L2
             b = torch.randn(n, generator=g, device="cuda").to(torch.bfloat16) if bias else None
             big = torch.randn(max(ms), k, generator=g, device="cuda").to(torch.bfloat16)
             for chunk in (int(c) or k for c in args.chunks.split(",")):
@@ -83,9 +86,9 @@ def main() -> None:
                     if name == "lm_head" and m > 2048:
                         continue
                     x = big[:m]
-                    cublas = timed(lambda: F.linear(x, w, b))
+                    cublas = timed(lambda: F.linear(x, w(), b))
                     if ref_row is None:
-                        ref_row = linear(x, w, b, chunk=chunk, parallel=False, block_m=64, block_n=64, block_k=64)[0]
+                        ref_row = linear(x, w0, b, chunk=chunk, parallel=False, block_m=64, block_n=64, block_k=64)[0]
                     par, ok1 = sweep(x, w, b, chunk, True, PARALLEL, ref_row) if m <= args.parallel_up_to and chunk < k \
                         else ((float("nan"), None), True)
                     seq, ok2 = sweep(x, w, b, chunk, False, SEQUENTIAL, ref_row)

@@ -2,13 +2,16 @@
 
 `median_seconds` times whole host-side calls (an engine step, a workload), synchronising the device
 around each; `graph_seconds` times a kernel launch as a CUDA-graph replay sees it (no launch
-overhead); `kernel_timer` picks the second on the GPU and the first on the CPU.
+overhead); `kernel_timer` picks the second on the GPU and the first on the CPU. `cold_copies` rotates
+an operand through copies, so that a kernel timed by repeated launches reads it from memory, not
+from the L2 cache.
 """
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -43,3 +46,20 @@ def kernel_timer(device: torch.device, repeats: int) -> Callable[[Callable[[], A
     if device.type == "cuda":
         return graph_seconds
     return lambda fn: median_seconds(fn, device, repeats)
+
+
+COLD_BYTES = 256 << 20  # five times a Hopper GPU's L2 cache (50 MB on the H100 and H200)
+
+
+def cold_copies(t: torch.Tensor, nbytes: Optional[int] = None) -> Callable[[], torch.Tensor]:
+    """A function that returns `t` and its copies in turn, enough copies that one round reads at least
+    `nbytes`. A decode step reads each layer's weights once, from HBM; a kernel launched again and
+    again on one weight matrix of a few MB reads it from L2 instead, which flatters a memory-bound
+    schedule and misleads a choice between schedules. Graph timing (`graph_seconds`) captures its
+    repeated calls, so the thunk `lambda: kernel(x, next_w())` captures them over the copies in turn.
+    `nbytes` defaults to COLD_BYTES on a GPU and to 0 (no copies) on the CPU."""
+    if nbytes is None:
+        nbytes = COLD_BYTES if t.is_cuda else 0
+    copies = [t] + [t.clone() for _ in range(max(1, -(-nbytes // max(1, t.numel() * t.element_size()))) - 1)]
+    rotation = itertools.cycle(copies)
+    return lambda: next(rotation)

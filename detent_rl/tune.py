@@ -14,7 +14,9 @@
    the predicted one (the profiled time minus the per-site gains), whose difference is the
    additivity error.
 
-Families measured: matmul (its pin is the K partition; its knobs the schedule per M bucket),
+Families measured: matmul (its pin is the K partition; its knobs the schedule per M bucket; its
+replays rotate the weights through copies, `timing.cold_copies`, so they come from HBM as in a step
+and not from the L2 cache, which held the smaller sites' weights and misled the first GPU search),
 rmsnorm and log-softmax (row blocks), and
 attention (split size and stride; a recorded call is replayed as a step of its shape over random
 keys already in the cache). A site with more than MAX_CALLS distinct calls (decode: one per KV
@@ -25,7 +27,8 @@ the same file (`model.commitment`), so both still select identically; a model of
 refuses it, so tune with the run's recipe (or pass the run's limits with --model).
 
     python -m detent_rl.tune --recipe recipes/grpo_bf16.yaml --out tuned.json
-    python -m detent_rl.tune --model qwen2-0.5b --device cuda --prompts 32 --prompt-len 200 --new-tokens 256 --out t.json
+    python -m detent_rl.tune --model qwen2-0.5b --device cuda --prompts 32 --samples 8 --max-num-seqs 256 \
+        --prompt-len 200 --new-tokens 256 --out t.json
 
 `--families matmul` searches one family (the others keep the tuple's values). A workload the
 deployment cannot run (`Workload.check`) is refused before anything runs.
@@ -54,7 +57,7 @@ from detent_rl.models.model import CausalLM
 from detent_rl.models.runner import completion_logprobs
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
-from detent_rl.timing import kernel_timer, sync
+from detent_rl.timing import cold_copies, kernel_timer, sync
 
 EXHAUSTIVE = 8  # grids this small are measured whole
 BUDGET = 0.10  # larger grids: at most this share of the candidates is measured
@@ -64,17 +67,25 @@ TUNED = ("matmul", "rmsnorm", "log_softmax", "attention")
 
 @dataclass(frozen=True)
 class Workload:
-    """One RL step's shapes: `prompts` requests of `prompt_len` tokens decoding `new_tokens` each (no
-    stop token), then rescored the trainer's way, `micro_batch` sequences per forward."""
+    """One RL step's shapes: `prompts` prompts of `prompt_len` tokens, each sampled `samples` times (a
+    GRPO group: the engine's prefix cache prefills a prompt once, as in the run), every request
+    decoding `new_tokens` (no stop token), at most `max_num_seqs` in flight (the decode batch, so the
+    M the linears see), then rescored the trainer's way, `micro_batch` sequences per forward."""
     prompts: int
     prompt_len: int
     new_tokens: int
     micro_batch: int = 8
+    max_num_seqs: int = 64
+    samples: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("prompts", "prompt_len", "new_tokens", "micro_batch"):
+        for name in ("prompts", "prompt_len", "new_tokens", "micro_batch", "max_num_seqs", "samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"workload {name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def requests(self) -> int:
+        return self.prompts * self.samples
 
     def check(self, d: Deployment) -> None:
         """Refuse shapes the deployment cannot run: a sequence past its context, or a trainer forward
@@ -83,7 +94,7 @@ class Workload:
         if length > d.max_context:
             raise ValueError(f"workload: {self.prompt_len} + {self.new_tokens} tokens exceed the deployment's context "
                              f"of {d.max_context}")
-        rows = min(self.micro_batch, self.prompts)
+        rows = min(self.micro_batch, self.requests)
         if rows * length > d.max_num_tokens:
             raise ValueError(f"workload: a trainer forward of {rows} sequences x {length} tokens = {rows * length} "
                              f"exceeds the deployment's max_num_tokens of {d.max_num_tokens}; lower the micro "
@@ -93,16 +104,17 @@ class Workload:
         """An engine for this workload on `model` (its CUDA graphs are captured on its first run)."""
         d = model.selections.deployment
         self.check(d)
-        return Engine.for_requests(model, self.prompts, self.prompt_len + self.new_tokens,
-                                   min(self.prompts, d.max_batch, 64))
+        return Engine.for_requests(model, self.requests, self.prompt_len + self.new_tokens,
+                                   min(self.requests, d.max_batch, self.max_num_seqs))
 
     def run(self, engine: Engine) -> float:
         """Seconds to generate and rescore the workload on `engine` (synchronised on the GPU); its
         prefix cache is flushed first, so every run does the same work."""
         model = engine.model
         g = torch.Generator().manual_seed(0)
-        prompts = torch.randint(0, model.config.vocab_size, (self.prompts, self.prompt_len), generator=g).tolist()
-        params = [SamplingParams(seed=i, temperature=1.0, max_tokens=self.new_tokens) for i in range(self.prompts)]
+        group = torch.randint(0, model.config.vocab_size, (self.prompts, self.prompt_len), generator=g).tolist()
+        prompts = [p for p in group for _ in range(self.samples)]
+        params = [SamplingParams(seed=i, temperature=1.0, max_tokens=self.new_tokens) for i in range(self.requests)]
         engine.flush_cache()
         sync(model.device)
         t0 = time.perf_counter()
@@ -210,9 +222,9 @@ def _launcher(model: CausalLM, family: str, site: dict, args: tuple, gen: torch.
     """For one recorded call: synthetic inputs of its shapes, and selection -> the kernel launch thunk."""
     dev, dtype, rows = model.device, model.dtype, args[0]
     rand = lambda *shape: torch.randn(*shape, generator=gen, device=dev).to(dtype)  # noqa: E731
-    if family == "matmul":
-        x, w = rand(rows, site["k"]), rand(site["n"], site["k"])
-        return lambda s: (lambda: linear(x, w, None, **launch_params(s)))
+    if family == "matmul":  # the weights rotate through copies: a step reads them from HBM, not L2
+        x, w = rand(rows, site["k"]), cold_copies(rand(site["n"], site["k"]))
+        return lambda s: (lambda: linear(x, w(), None, **launch_params(s)))
     if family == "rmsnorm":
         x = rand(rows, site.get("hidden", model.config.hidden_size))
         res, w = torch.randn_like(x), rand(x.shape[1])
@@ -327,8 +339,8 @@ def recipe_workload(recipe_path: str, overrides: list[str]) -> tuple[CausalLM, W
     setup = prepare(recipe)
     ro, tr = recipe.rollout, recipe.train
     prompt = round(statistics.mean(len(p) for p in setup.prompts.values()))
-    workload = Workload(prompts=ro.prompts_per_step * ro.samples_per_prompt, prompt_len=prompt,
-                        new_tokens=ro.max_new_tokens, micro_batch=tr.micro_batch_size)
+    workload = Workload(prompts=ro.prompts_per_step, prompt_len=prompt, new_tokens=ro.max_new_tokens,
+                        micro_batch=tr.micro_batch_size, max_num_seqs=ro.max_num_seqs, samples=ro.samples_per_prompt)
     spec = setup.spec
 
     def build(t: CommitmentTuple) -> CausalLM:
@@ -346,10 +358,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--model", help="a checkpoint directory or built-in name (without --recipe)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    ap.add_argument("--prompts", type=int, default=8, help="workload: requests (without --recipe)")
+    ap.add_argument("--prompts", type=int, default=8, help="workload: distinct prompts (without --recipe)")
+    ap.add_argument("--samples", type=int, default=1, help="workload: requests per prompt, a GRPO group "
+                                                           "(without --recipe)")
     ap.add_argument("--prompt-len", type=int, default=64, help="workload: prompt tokens per request")
     ap.add_argument("--new-tokens", type=int, default=32, help="workload: tokens each request decodes")
     ap.add_argument("--micro-batch", type=int, default=8, help="workload: sequences per trainer forward")
+    ap.add_argument("--max-num-seqs", type=int, default=64,
+                    help="workload: requests decoding at once (without --recipe)")
     limits = {"max_context": 4096, "max_batch": 256, "max_num_tokens": 8192}  # load_model's defaults
     for name, default in limits.items():
         ap.add_argument(f"--{name.replace('_', '-')}", type=int,
@@ -374,7 +390,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         kw = dict(device=args.device, dtype=getattr(torch, args.dtype), **{**limits, **given})
         model = load_model(path, "detent", **kw)
         try:
-            workload = Workload(args.prompts, args.prompt_len, args.new_tokens, args.micro_batch)
+            workload = Workload(args.prompts, args.prompt_len, args.new_tokens, args.micro_batch, args.max_num_seqs,
+                                args.samples)
         except ValueError as e:
             ap.error(str(e))
         build = lambda t: load_model(path, "detent", commitment=t, **kw)  # noqa: E731

@@ -18,6 +18,9 @@ def test_quick_bench_runs_every_arm_and_case(tmp_path, capsys):
     data = json.loads((tmp_path / "bench.json").read_text())
     assert list(data["cases"]) == cases and all(set(data["cases"][c]) == set(ARMS) for c in cases)
     assert data["copy_bandwidth_gbs"] > 0 and data["weight_bytes"] > 0 and data["poisson_rate_per_s"] > 0
+    # stock ran with our kernels' PDL on and off and kept its faster run per case
+    assert all([r["pdl"] for r in data["stock_runs"][c]] == ["on", "off"] for c in cases)
+    assert all(data["cases"][c]["stock"] in data["stock_runs"][c] for c in cases)
     for arm in ARMS:
         assert data["cases"]["decode-1"][arm]["ms_per_step"] > 0
         p = data["cases"]["poisson"][arm]
@@ -36,6 +39,9 @@ def test_arrivals_are_a_seeded_poisson_process_and_bad_arguments_are_refused(tmp
     with pytest.raises(SystemExit):
         main(["--cases", "decode-1,warp", "--out", str(tmp_path)])
     assert "--cases: unknown ['warp']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--arms", "stock,tuned", "--out", str(tmp_path)])
+    assert "--arms tuned: give its tuple with --commitment" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--load", "3", "--out", str(tmp_path)])
     assert "--load 3.0" in capsys.readouterr().err

@@ -126,3 +126,14 @@ def test_cli_and_its_errors(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "| attention" in text and "| matmul" not in text and "(family not asked for): " in text
     assert "matmul" in text.split("(family not asked for): ")[1]
+
+
+def test_cold_copies_rotate_over_enough_bytes():
+    from detent_rl.timing import cold_copies
+    t = torch.arange(10, dtype=torch.float32)  # 40 bytes
+    nxt = cold_copies(t, nbytes=100)
+    seen = [nxt() for _ in range(6)]
+    assert seen[0] is t and all(torch.equal(s, t) for s in seen)
+    ptrs = [s.data_ptr() for s in seen]
+    assert len(set(ptrs[:3])) == 3 and ptrs[3:] == ptrs[:3]  # three copies, 120 bytes >= 100, in turn
+    assert cold_copies(t)() is t and cold_copies(t)() is t  # on the CPU: no copies by default
