@@ -137,3 +137,19 @@ def test_cold_copies_rotate_over_enough_bytes():
     ptrs = [s.data_ptr() for s in seen]
     assert len(set(ptrs[:3])) == 3 and ptrs[3:] == ptrs[:3]  # three copies, 120 bytes >= 100, in turn
     assert cold_copies(t)() is t and cold_copies(t)() is t  # on the CPU: no copies by default
+
+
+def test_grpo_groups_prefill_each_prompt_once(tmp_path):
+    """`samples` requests per prompt, as a GRPO step makes them: the prefix cache prefills the shared
+    prompt once, so the tuner profiles the M values the run sees (distinct prompts prefill more)."""
+    from detent_rl.tune import profile
+    model = load_model(save(hf_model("qwen2"), tmp_path / "m"), "detent", dtype=torch.float32, **LIMITS)
+    rows = {}
+    for w in (Workload(2, 40, 2, micro_batch=2, samples=3), Workload(6, 40, 2, micro_batch=2)):
+        assert w.requests == 6
+        _, calls = profile(w.engine(model), w)
+        key = next(k for k in calls if k.startswith("matmul"))
+        rows[w.samples] = sum(args[0] * n for args, n in calls[key].items())
+    assert rows[3] < rows[1] - 100  # two 40-token prompts prefilled, not six
+    with pytest.raises(ValueError, match="samples must be >= 1"):
+        Workload(2, 40, 2, samples=0)
