@@ -1,11 +1,13 @@
 """Where a GRPO step's trainer time goes: rescore, the update (grad-enabled forward, loss, backward,
-AdamW), and the weight sync (compute weights + sha256, the engine's update + its sha256).
+AdamW), and the weight sync (digest on the trainer, the copy into the engine, digest there).
 
     python bench/trainer_bench.py [--model qwen2-0.5b|tiny|smollm2-135m-instruct|PATH] [--arm detent]
         [--seqs 64] [--prompt 100] [--completion 32] [--micro 16] [--repeats 3] [--profile]
 
 Synthetic samples (random prompt and completion tokens, advantages ±1) through the run's own
-workers (`detent_rl.workers`), so the calls are the driver's. Each phase is warmed up once, then
+workers (`detent_rl.workers`), so the calls are the driver's; beside them, in the same process, a
+stock trainer's update on the same checkpoint and samples (`stock_update`: what a user would run
+instead; --no-stock skips it). Each phase is warmed up once, then
 timed --repeats times (median, synchronized). --profile adds torch.profiler's top operators of one
 update, by self CPU time and by device time.
 """
@@ -21,6 +23,7 @@ import torch
 from detent_rl.kernels.selections import ARMS
 from detent_rl.models.builtin import NAMES, builtin_checkpoint
 from detent_rl.config import RolloutSection, TrainSection
+from detent_rl.models.weights import weights_sha256
 from detent_rl.trainer.trainer import Sample
 from detent_rl.workers import ModelSpec, RolloutWorker, TrainerWorker
 
@@ -42,6 +45,33 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def stock_update(path: str, samples: list[Sample], micro: int, device: str, repeats: int) -> float:
+    """The update as a stock trainer makes it (TRL's GRPO shape): transformers' model with fp32 master
+    weights under bf16 autocast, SDPA attention, cuBLAS, fused AdamW on the GPU, the LM head only over
+    the completion positions (`logits_to_keep`); same samples, micro-batches and loss (policy gradient
+    with the ratio to the detached logprobs). Seconds per update (median)."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").to(device)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device == "cuda")
+    prompt = samples[0].num_prompt
+    ids = torch.tensor([s.tokens for s in samples], device=device)
+    adv = torch.tensor([s.advantage for s in samples], device=device)
+
+    def update() -> None:
+        for i in range(0, len(samples), micro):
+            x, a = ids[i:i + micro], adv[i:i + micro]
+            with torch.autocast(device_type=device, dtype=torch.bfloat16):
+                logits = model(x, logits_to_keep=x.shape[1] - prompt + 1).logits[:, :-1]
+            logp = torch.log_softmax(logits.float(), -1).gather(-1, x[:, prompt:, None]).squeeze(-1)
+            loss = -(torch.exp(logp - logp.detach()) * a[:, None]).mean() * x.shape[0] / len(samples)
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return timed(update, repeats)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="qwen2-0.5b", help=f"a built-in ({', '.join(NAMES)}) or a checkpoint dir")
@@ -53,6 +83,7 @@ def main() -> None:
     ap.add_argument("--micro", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--no-stock", action="store_true", help="skip the stock trainer (transformers) beside ours")
     args = ap.parse_args()
     path = str(builtin_checkpoint(args.model)) if args.model in NAMES else args.model
     length = args.prompt + args.completion
@@ -69,15 +100,25 @@ def main() -> None:
     rows = {"rescore": timed(lambda: trainer.rescore(samples), args.repeats),
             "update": timed(lambda: trainer.train(samples, old), args.repeats)}
     rollout = RolloutWorker(spec, RolloutSection(num_blocks=8, max_num_seqs=8, chunk_size=256, cuda_graphs="off"))
-    rows["weights + sha256 (trainer)"] = timed(trainer.weights, args.repeats)
+    # the weight sync, both ways the driver makes it (detent_rl.train.sync_weights): in one process the
+    # engine copies the trainer's device tensors; between Ray actors host copies travel
+    rows["sync in one process: digest, device-to-device copy, digest"] = timed(
+        lambda: rollout.update_weights(trainer.weights(on_device=True)), args.repeats)
+    rows["sync between processes: digest + host copies (trainer)"] = timed(trainer.weights, args.repeats)
     update = trainer.weights()
-    rows["update_weights + sha256 (engine)"] = timed(lambda: rollout.update_weights(update), args.repeats)
+    rows["sync between processes: copy in + digest (engine)"] = timed(lambda: rollout.update_weights(update),
+                                                                      args.repeats)
+    rows["for comparison: weights_sha256 of the compute weights (the former check)"] = timed(
+        lambda: weights_sha256(trainer.trainer.compute_weights(on_device=True)), args.repeats)
+    if not args.no_stock:  # same checkpoint, samples and micro-batches, in this process
+        rows["stock trainer: update (transformers, bf16 autocast, SDPA, cuBLAS, AdamW)"] = stock_update(
+            path, samples, args.micro, args.device, args.repeats)
     tokens = args.seqs * length
     print(f"{args.model}, {args.arm}, {args.device}: {args.seqs} sequences x ({args.prompt} prompt + "
           f"{args.completion} completion) tokens, micro-batches of {args.micro}")
     print("| phase | s | tokens/s |\n|---|---|---|")
     for name, s in rows.items():
-        rate = f"{tokens / s:,.0f}" if name in ("rescore", "update") else ""
+        rate = f"{tokens / s:,.0f}" if name in ("rescore", "update") or "update (" in name else ""
         print(f"| {name} | {s:.3f} | {rate} |")
     if args.profile:
         from torch.profiler import ProfilerActivity, profile

@@ -1,7 +1,7 @@
 """GRPO with bit-exact rollout logprobs: `python -m detent_rl.train RECIPE [key.sub=value ...] [--resume [PATH]]`.
 
 Each step: generate (rollout group) -> reward -> advantages -> rescore + bit-check -> train (trainer
-group) -> weight sync (trainer -> rollout directly, sha256 checked on both sides) -> log -> checkpoint
+group) -> weight sync (trainer -> rollout directly, a digest checked on both sides) -> log -> checkpoint
 -> eval. With one update per batch (`train.free_bitcheck`, the default) there is no rescore pass: the
 update's own forward runs on the rollout's weights, its logprobs are checked, and a mismatch stops the
 run before the updated weights leave the trainer. A run that stops on a mismatch still writes its report.
@@ -76,7 +76,7 @@ def run(recipe: Recipe, resume: Optional[str] = None) -> int:
             step = checkpoint.step_of(start)
             trainer.call_one("load_state", start / checkpoint.TRAINER_PART)
             sampler.load_state_dict(checkpoint.load_part(start, checkpoint.DRIVER_PART)["sampler"])
-        rollout.call("update_weights", *trainer.async_call("weights"))  # both sides start from the same bits
+        sync_weights(recipe, rollout, trainer)  # both sides start from the same bits
         if recipe.run.arm != "stock":  # stock pins nothing: its selectors read the batch
             record_commitment(run_dir, rollout, trainer)
         with RunLog(run_dir, tensorboard=recipe.log.tensorboard, progress=recipe.log.progress, total_steps=steps,
@@ -97,6 +97,15 @@ def run(recipe: Recipe, resume: Optional[str] = None) -> int:
     report = write_report(run_dir)
     print(json.dumps({"run_dir": str(run_dir), "steps": steps, "report": str(report)}))
     return 0
+
+
+def sync_weights(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup) -> str:
+    """The trainer's compute weights into every engine, checked there by digest (`RolloutWorker.
+    update_weights`); the digest's hex. In one process the engine takes the trainer's device tensors
+    (a device-to-device copy); Ray actors pass host copies from the trainer's worker to the engines'."""
+    (digest,) = set(rollout.call("update_weights", *trainer.async_call("weights",
+                                                                        on_device=recipe.ray.mode == "inline")))
+    return digest
 
 
 def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: WorkerGroup, tasks: list[Task],
@@ -131,12 +140,15 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
         stats = trainer.call_one("train", samples, old)
     # pi_trainer / pi_rollout per token: exactly 1 when the bits match (what TIS would correct)
     behaviour = torch.exp(torch.cat(old) - torch.cat(rollout_lp))
-    (sha,) = set(rollout.call("update_weights", *trainer.async_call("weights")))
+    t_sync = time.perf_counter()
+    digest = sync_weights(recipe, rollout, trainer)
+    t_sync = time.perf_counter() - t_sync
     new_tokens = sum(len(s.tokens) - s.num_prompt for s in samples)
     metrics = {"reward_mean": sum(s.reward for s in samples) / len(samples), "bit_match": check["bit_match"],
                "kl_k1": check["kl_k1"], "kl_k3": check["kl_k3"], "max_abs_diff": check["max_abs_diff"],
                "step_time_s": time.perf_counter() - t0, "rollout_time_s": t_rollout,
-               "tokens_per_s": new_tokens / t_rollout, "new_tokens": new_tokens, "weights_sha256": sha,
+               "tokens_per_s": new_tokens / t_rollout, "new_tokens": new_tokens, "weights_digest": digest,
+               "weight_sync_s": t_sync,
                "rollout_ratio_min": behaviour.min().item(), "rollout_ratio_max": behaviour.max().item(),
                "rollout_ratio_mean": behaviour.mean().item(), "bitcheck_source": "update" if free else "rescore",
                **asdict(stats)}

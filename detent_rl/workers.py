@@ -3,8 +3,11 @@
 Both build their model from the same `ModelSpec` (checkpoint directory, arm, dtype, limits,
 commitment tuple), so both select the same kernels with the same pins. `detent_rl.group` runs each
 as Ray actors or in the driver's process. The trainer's compute weights travel to the engine after
-every update as a `WeightUpdate` with their sha256; the rollout worker recomputes the hash of what
-it then holds and refuses a mismatch.
+every update as a `WeightUpdate` with their digest (`weights_digest`, computed on the trainer's
+device); the rollout worker recomputes it over what it then holds, on its device, and refuses a
+mismatch naming the tensors that differ. In one process (`ray.mode: inline`) the update carries the
+trainer's live device tensors and the engine copies them device to device; between Ray actors it
+carries host copies through Ray's object store.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from detent_rl.config import RolloutSection, TrainSection
 from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.models import load_model
 from detent_rl.models.model import CausalLM
-from detent_rl.models.weights import weights_sha256
+from detent_rl.models.weights import WeightsDigest, weights_digest
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
 from detent_rl.trainer.trainer import Sample, Trainer, TrainStats
@@ -72,9 +75,9 @@ class Completion:
 
 @dataclass(frozen=True)
 class WeightUpdate:
-    """The trainer's compute weights by the model's own names, and their `weights_sha256`."""
+    """The trainer's compute weights by the model's own names, and their `weights_digest`."""
     weights: dict[str, torch.Tensor]
-    sha256: str
+    digest: WeightsDigest
 
 
 class RolloutWorker:
@@ -93,12 +96,16 @@ class RolloutWorker:
         return [Completion(s.tokens, s.num_prompt, s.logprobs, s.num_cached) for s in seqs]
 
     def update_weights(self, update: WeightUpdate) -> str:
+        """Copy the update in and check it: the digest of what the engine now holds must be the one the
+        trainer computed over what it sent. Returns the digest's hex."""
         self.engine.update_weights(update.weights)
-        got = weights_sha256(self.model)
-        if got != update.sha256:
-            raise RuntimeError(f"weight sync: the rollout engine holds weights with sha256 {got}, the trainer "
-                               f"sent {update.sha256}")
-        return got
+        got = weights_digest(self.model, update.digest.key)
+        if got != update.digest:
+            bad = got.differing(update.digest)
+            raise RuntimeError(f"weight sync: the rollout engine's weights differ from the trainer's in {len(bad)} "
+                               f"tensor(s): {', '.join(bad[:8])}{' ...' if len(bad) > 8 else ''} (digest "
+                               f"{got.hex} vs {update.digest.hex})")
+        return got.hex
 
     def commitment(self) -> CommitmentTuple:
         """Every call site's pins and knobs as this engine runs them (defaults included)."""
@@ -123,9 +130,12 @@ class TrainerWorker:
     def train_checked(self, samples: list[Sample]) -> tuple[TrainStats, list[torch.Tensor]]:
         return self.trainer.train_checked(samples)
 
-    def weights(self) -> WeightUpdate:
-        w = self.trainer.compute_weights()
-        return WeightUpdate(w, weights_sha256(w))
+    def weights(self, on_device: bool = False) -> WeightUpdate:
+        """The compute weights and their digest (taken on the device, before any copy); `on_device`: the
+        live tensors, for a rollout worker in this process (see `Trainer.compute_weights`)."""
+        live = self.trainer.compute_weights(on_device=True)
+        digest = weights_digest(live)
+        return WeightUpdate(live if on_device else {n: t.cpu() for n, t in live.items()}, digest)
 
     def commitment(self) -> CommitmentTuple:
         return self.model.selections.resolved()

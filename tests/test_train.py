@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMING = {"step_time_s", "rollout_time_s", "tokens_per_s"}  # wall-clock fields differ between runs
+TIMING = {"step_time_s", "rollout_time_s", "tokens_per_s", "weight_sync_s"}  # wall-clock fields differ between runs
 
 RECIPE = """
 run: {{name: t, dir: {dir}, arm: {arm}, device: cpu}}
@@ -105,11 +105,11 @@ def test_a_killed_run_resumes_to_the_uninterrupted_runs_bits(tmp_path):
         assert sorted(b) == [1, 2, 3, 4, 5, 6]
         for step in (4, 5, 6):
             assert a[step] == b[step], f"{name} step {step} differs after resume"
-    assert _lines(whole, "metrics.jsonl")[6]["weights_sha256"] == _lines(killed, "metrics.jsonl")[6]["weights_sha256"]
+    assert _lines(whole, "metrics.jsonl")[6]["weights_digest"] == _lines(killed, "metrics.jsonl")[6]["weights_digest"]
     # --resume PATH: from the step-3 checkpoint of the whole run, into a new directory
     again = tmp_path / "again"
     _driver(_recipe(tmp_path, again), "ray.mode=inline", "--resume", str(whole / "checkpoints" / "step_000003"))
-    assert _lines(again, "metrics.jsonl")[6]["weights_sha256"] == _lines(whole, "metrics.jsonl")[6]["weights_sha256"]
+    assert _lines(again, "metrics.jsonl")[6]["weights_digest"] == _lines(whole, "metrics.jsonl")[6]["weights_digest"]
 
 
 @pytest.mark.parametrize("override, message", [

@@ -3,7 +3,7 @@
 Weights. The model's parameters are the *compute* weights, in the model dtype (bf16 in the BF16
 recipe); the optimizer owns an fp32 master copy. After each optimizer step the masters are rounded
 into the compute weights in place, and those compute weights — exactly — are what the rollout
-engine receives (`compute_weights`, with `models.weights.weights_sha256` checked on both sides).
+engine receives (`compute_weights`, with `models.weights.weights_digest` checked on both sides).
 
 A step: `rescore` recomputes every sample's completion logprobs with no grad (the bit-check's
 right-hand side, and GRPO's logp_old); `train` splits the batch into `updates_per_batch`
@@ -236,8 +236,12 @@ class Trainer:
         return total, grad_norm, agg
 
     # ---- weights and state -------------------------------------------------------------------
-    def compute_weights(self) -> dict[str, torch.Tensor]:
-        """The compute weights by the model's own names (what the engine's update_weights takes)."""
+    def compute_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """The compute weights by the model's own names (what the engine's update_weights takes): host
+        copies, or with `on_device` the live tensors themselves (no copy: for an engine in this process,
+        which copies them device to device before the next update changes them)."""
+        if on_device:
+            return {n: p.detach() for n, p in zip(self.names, self.params)}
         return {n: p.detach().cpu() for n, p in zip(self.names, self.params)}
 
     def _live_state(self) -> dict:

@@ -1,13 +1,17 @@
-"""The identity of a set of weights: one sha256 that the trainer and the engine compute alike.
+"""The identity of a set of weights, computed alike by the trainer and the engine.
 
-After every update the trainer sends its compute weights with this hash and the engine recomputes it
-over what it then holds, so a sync that lost, reordered or re-rounded anything is caught by name.
+`weights_digest` (the weight sync's check): after every update the trainer sends its compute weights
+with their digest and the engine recomputes it over what it then holds, so a sync that lost,
+reordered or re-rounded anything is caught, by tensor name. It runs where the weights are (the GPU,
+no copy to the host) on integer arithmetic, so the GPU, the CPU and any reduction order give the
+same value. `weights_sha256` (checkpoints, tests): sha256 over the bytes on the host.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Mapping
 
 import torch
@@ -34,3 +38,134 @@ def weights_sha256(named: Mapping[str, torch.Tensor] | torch.nn.Module) -> str:
         dtype, shape, job = jobs[n]
         h.update(f"{n}|{dtype}|{shape}|{job.result()}\n".encode())
     return h.hexdigest()
+
+
+# ---- the keyed 128-bit digest ---------------------------------------------------------------------
+#
+# A tensor's bytes are read as little-endian 64-bit words w_1 .. w_n (the last one zero-padded). Each
+# of two lanes maps word i to f(w_i, i) = fmix64((w_i ^ k) + i * s) — fmix64 is MurmurHash3's 64-bit
+# finaliser, a bijection; k, s (s odd) are the lane's constants, derived from the key — and sums the
+# images mod 2^64. The tensor's digest is the two lane sums (128 bits) with its name, dtype and shape.
+# A change to one word changes its image (f is a bijection of w for a fixed i), so it changes both sums:
+# any one flipped bit, or any damage confined to one word, is caught with certainty; damage to several
+# words escapes only if the images' changes cancel in both lanes. Integer sums do not depend on their
+# order, so the value is the same on the GPU and the CPU, in chunks or whole.
+
+_M64 = (1 << 64) - 1
+_FMIX = (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53)
+DEFAULT_KEY = 0x5EED_DE7E_57_2026
+CHUNK_WORDS = 1 << 23  # words hashed per pass (64 MB): bounds the temporaries
+
+
+def _signed(v: int) -> int:
+    """`v` mod 2^64 as a signed 64-bit integer (what an int64 tensor holds)."""
+    v &= _M64
+    return v - (1 << 64) if v >> 63 else v
+
+
+def _lanes(key: int) -> tuple[tuple[int, int], ...]:
+    """Each lane's (xor constant, odd position step), from the key by the same finaliser."""
+    def fmix(h: int) -> int:
+        h ^= h >> 33
+        h = h * _FMIX[0] & _M64
+        h ^= h >> 33
+        h = h * _FMIX[1] & _M64
+        return h ^ (h >> 33)
+    return tuple((_signed(fmix(key + 2 * j + 1)), _signed(fmix(key + 2 * j + 2) | 1)) for j in range(2))
+
+
+def _shr(h: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical shift right of int64 words (torch's >> is arithmetic)."""
+    return (h >> s) & ((1 << (64 - s)) - 1)
+
+
+def _fmix64(h: torch.Tensor) -> torch.Tensor:
+    h = h ^ _shr(h, 33)
+    h = h * _signed(_FMIX[0])
+    h = h ^ _shr(h, 33)
+    h = h * _signed(_FMIX[1])
+    return h ^ _shr(h, 33)
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s bytes as int64 words, the last one zero-padded (the byte count enters the digest too)."""
+    b = t.detach().contiguous().reshape(-1).view(torch.uint8)
+    pad = -b.numel() % 8
+    if pad:
+        b = torch.cat([b, b.new_zeros(pad)])
+    return b.view(torch.int64)
+
+
+@dataclass(frozen=True)
+class WeightsDigest:
+    """Per tensor, in name order: (name, "dtype|shape|128-bit hex"); `hex` sums them all up."""
+    tensors: tuple[tuple[str, str], ...]
+    key: int
+
+    @property
+    def hex(self) -> str:
+        h = hashlib.sha256(f"key {self.key}\n".encode())
+        for name, entry in self.tensors:
+            h.update(f"{name}|{entry}\n".encode())
+        return h.hexdigest()[:32]
+
+    def differing(self, other: "WeightsDigest") -> list[str]:
+        """Names whose entries differ or that one side lacks."""
+        a, b = dict(self.tensors), dict(other.tensors)
+        return sorted(n for n in set(a) | set(b) if a.get(n) != b.get(n))
+
+
+def weights_digest(named: Mapping[str, torch.Tensor] | torch.nn.Module, key: int = DEFAULT_KEY) -> WeightsDigest:
+    """The keyed 128-bit digest of every weight (see above), computed on the weights' device: the words
+    of all tensors stream through passes of CHUNK_WORDS words, each word's lane images summed into its
+    tensor's slot (`index_add_` of integers: order-free). One copy to the host at the end, 16 bytes a
+    tensor."""
+    items = dict(named.named_parameters()) if isinstance(named, torch.nn.Module) else dict(named)
+    names = sorted(items)
+    if not names:
+        return WeightsDigest((), key)
+    device = items[names[0]].device
+    lanes = _lanes(key)
+    sums = torch.zeros((len(lanes), len(names)), dtype=torch.int64, device=device)
+    pending: list[tuple[int, int, torch.Tensor]] = []  # (tensor index, first word's position, words)
+
+    def flush() -> None:
+        if not pending:
+            return
+        counts = [w.numel() for _, _, w in pending]
+        total = sum(counts)
+        words = torch.cat([w for _, _, w in pending]) if len(pending) > 1 else pending[0][2]
+        reps = torch.tensor(counts, device=device)
+        ids = torch.repeat_interleave(torch.tensor([i for i, _, _ in pending], device=device), reps,
+                                      output_size=total)
+        starts, at = [], 0
+        for (_, first, _), n in zip(pending, counts):
+            starts.append(first + 1 - at)  # position (from 1) of this piece's first word, less its offset
+            at += n
+        pos = torch.arange(total, dtype=torch.int64, device=device)
+        pos += torch.repeat_interleave(torch.tensor(starts, device=device), reps, output_size=total)
+        for lane, (k, step) in enumerate(lanes):
+            sums[lane].index_add_(0, ids, _fmix64((words ^ k) + pos * step))
+        pending.clear()
+
+    buffered = 0
+    for i, n in enumerate(names):
+        t = items[n]
+        if t.device != device:
+            raise ValueError(f"weights_digest: {n} is on {t.device}, the others on {device}")
+        w = _words(t)
+        for first in range(0, w.numel(), CHUNK_WORDS):
+            piece = w[first:first + CHUNK_WORDS]
+            pending.append((i, first, piece))
+            buffered += piece.numel()
+            if buffered >= CHUNK_WORDS:
+                flush()
+                buffered = 0
+    flush()
+    lane_sums = sums.cpu().tolist()
+    entries = []
+    for i, n in enumerate(names):
+        t = items[n]
+        bits = "".join(f"{lane_sums[j][i] & _M64:016x}" for j in range(len(lanes)))
+        entries.append((n, f"{t.dtype}|{tuple(t.shape)}|{t.numel() * t.element_size()}|{bits}"))
+    return WeightsDigest(tuple(entries), key)

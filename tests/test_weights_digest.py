@@ -1,0 +1,90 @@
+"""The weight sync's digest (`models.weights.weights_digest`): equal to a plain-Python rendering of its
+definition (so the GPU's and the CPU's integer arithmetic can be held to one value), independent of how
+the words are chunked, and one flipped bit in any tensor is caught and named; the rollout worker
+refuses an update whose weights arrive changed. GPU: the same digest as the CPU's for the same bytes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import detent_rl.models.weights as W
+from detent_rl.models.weights import WeightsDigest, weights_digest
+
+M64 = (1 << 64) - 1
+
+
+def _python_digest(named: dict[str, torch.Tensor], key: int) -> dict[str, str]:
+    """The definition, word by word in Python integers."""
+    def fmix(h: int) -> int:
+        h ^= h >> 33
+        h = h * 0xFF51AFD7ED558CCD & M64
+        h ^= h >> 33
+        h = h * 0xC4CEB9FE1A85EC53 & M64
+        return h ^ (h >> 33)
+    out = {}
+    for name, t in named.items():
+        b = bytes(t.contiguous().reshape(-1).view(torch.uint8).tolist())
+        b += bytes(-len(b) % 8)
+        words = [int.from_bytes(b[i:i + 8], "little") for i in range(0, len(b), 8)]
+        lanes = [(fmix(key + 2 * j + 1), fmix(key + 2 * j + 2) | 1) for j in range(2)]
+        out[name] = "".join(f"{sum(fmix(((w ^ k) + (i + 1) * s) & M64) for i, w in enumerate(words)) & M64:016x}"
+                            for k, s in lanes)
+    return out
+
+
+def _weights() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {"a": torch.randn(37, 5, generator=g).bfloat16(), "b": torch.randn(3, generator=g),
+            "c": torch.randn(1000, generator=g).half(), "d": torch.zeros(0), "e": torch.tensor(2.0)}
+
+
+def test_digest_is_its_definition_and_chunking_does_not_matter(monkeypatch):
+    w = _weights()
+    d = weights_digest(w, key=7)
+    want = _python_digest(w, 7)
+    assert [n for n, _ in d.tensors] == sorted(w) and all(e.endswith(want[n]) for n, e in d.tensors)
+    monkeypatch.setattr(W, "CHUNK_WORDS", 13)  # tensors split across passes and passes across tensors
+    assert weights_digest(w, key=7) == d
+    assert weights_digest(dict(reversed(list(w.items()))), key=7) == d  # name order, not insertion order
+    assert weights_digest(w, key=8).hex != d.hex and len(d.hex) == 32
+
+
+def test_one_flipped_bit_in_any_tensor_is_caught_and_named():
+    w = _weights()
+    base = weights_digest(w)
+    for name, t in w.items():
+        for index in range(0, t.numel() * t.element_size() * 8, 61):  # bits across the tensor, every word
+            bad = t.clone()
+            bad.reshape(-1).view(torch.uint8)[index // 8] ^= 1 << index % 8
+            got = weights_digest({**w, name: bad})
+            assert got.differing(base) == [name], (name, index)
+    shape = weights_digest({**w, "a": w["a"].reshape(5, 37)})
+    dtype = weights_digest({**w, "b": w["b"].double()})
+    assert shape.differing(base) == ["a"] and dtype.differing(base) == ["b"]
+    assert weights_digest({k: v for k, v in w.items() if k != "d"}).differing(base) == ["d"]
+    assert WeightsDigest((), 1).hex != WeightsDigest((), 2).hex
+
+
+def test_the_rollout_worker_refuses_a_changed_update(tmp_path):
+    from detent_rl.config import RolloutSection
+    from detent_rl.workers import ModelSpec, RolloutWorker, WeightUpdate
+    from test_models import LIMITS, hf_model, save
+    path = save(hf_model("qwen2"), tmp_path / "m")
+    spec = ModelSpec(str(path), "detent", "cpu", "float32", **LIMITS)
+    worker = RolloutWorker(spec, RolloutSection(prompts_per_step=1, samples_per_prompt=1, max_new_tokens=4))
+    sent = {n: p.detach().clone() + 0.5 for n, p in worker.model.named_parameters()}
+    assert worker.update_weights(WeightUpdate(sent, weights_digest(sent))) == weights_digest(sent).hex
+    name = sorted(sent)[3]
+    damaged = {**sent, name: sent[name].clone()}
+    damaged[name].reshape(-1)[-1] += 1.0  # changed on the way
+    with pytest.raises(RuntimeError, match=f"differ from the trainer's in 1 tensor\\(s\\): {name}"):
+        worker.update_weights(WeightUpdate(damaged, weights_digest(sent)))
+
+
+@pytest.mark.gpu
+def test_gpu_digest_equals_the_cpu_digest():
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    w = _weights()
+    big = {"big": torch.randn(3000, 1001).bfloat16(), **w}  # several passes on the device
+    assert weights_digest({k: v.cuda() for k, v in big.items()}) == weights_digest(big)
