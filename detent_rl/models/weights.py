@@ -9,6 +9,7 @@ same value. `weights_sha256` (checkpoints, tests): sha256 over the bytes on the 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -117,9 +118,9 @@ class WeightsDigest:
 
 def weights_digest(named: Mapping[str, torch.Tensor] | torch.nn.Module, key: int = DEFAULT_KEY) -> WeightsDigest:
     """The keyed 128-bit digest of every weight (see above), computed on the weights' device: the words
-    of all tensors stream through passes of CHUNK_WORDS words, each word's lane images summed into its
-    tensor's slot (`index_add_` of integers: order-free). One copy to the host at the end, 16 bytes a
-    tensor."""
+    of all tensors stream through passes of about CHUNK_WORDS words; in a pass each lane's images are
+    summed by one running sum (integer: its order does not matter), read at the end of each tensor's
+    piece. One copy to the host at the end, 16 bytes a tensor."""
     items = dict(named.named_parameters()) if isinstance(named, torch.nn.Module) else dict(named)
     names = sorted(items)
     if not names:
@@ -135,17 +136,19 @@ def weights_digest(named: Mapping[str, torch.Tensor] | torch.nn.Module, key: int
         counts = [w.numel() for _, _, w in pending]
         total = sum(counts)
         words = torch.cat([w for _, _, w in pending]) if len(pending) > 1 else pending[0][2]
-        reps = torch.tensor(counts, device=device)
-        ids = torch.repeat_interleave(torch.tensor([i for i, _, _ in pending], device=device), reps,
-                                      output_size=total)
         starts, at = [], 0
         for (_, first, _), n in zip(pending, counts):
             starts.append(first + 1 - at)  # position (from 1) of this piece's first word, less its offset
             at += n
         pos = torch.arange(total, dtype=torch.int64, device=device)
-        pos += torch.repeat_interleave(torch.tensor(starts, device=device), reps, output_size=total)
+        pos += torch.repeat_interleave(torch.tensor(starts, device=device), torch.tensor(counts, device=device),
+                                       output_size=total)
+        ends = torch.tensor(list(itertools.accumulate(counts)), device=device) - 1
+        ids = torch.tensor([i for i, _, _ in pending], device=device)
         for lane, (k, step) in enumerate(lanes):
-            sums[lane].index_add_(0, ids, _fmix64((words ^ k) + pos * step))
+            # each piece's sum from a running sum read at the pieces' ends: a scan, not atomics on one slot
+            edges = _fmix64((words ^ k) + pos * step).cumsum(0)[ends]
+            sums[lane].index_add_(0, ids, torch.diff(edges, prepend=edges.new_zeros(1)))
         pending.clear()
 
     buffered = 0
