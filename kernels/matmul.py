@@ -64,7 +64,8 @@ def _dot_k_blocks(x_ptr, w_ptr, acc, offs_m, offs_n, k_start, num_blocks, M, N, 
 def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, num_chunks, stride_xm, stride_xk,
                    stride_wn, stride_wk, stride_om, stride_on, HAS_BIAS: tl.constexpr, PARALLEL: tl.constexpr,
                    CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_M: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+                   GROUP_M: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, FLAT: tl.constexpr,
+                   PDL: tl.constexpr):
     pdl_enter(PDL)
     offs_m, offs_n = _tile_offsets(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -74,12 +75,22 @@ def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, num_chunks, st
         part = _dot_k_blocks(x_ptr, w_ptr, zero, offs_m, offs_n, c * CHUNK, CHUNK // BLOCK_K, M, N, K,
                              stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, IEEE, UPCAST)
         tl.store(ws_ptr + c * M * N + offs_m[:, None] * N + offs_n[None, :], part, mask=mask)
+    elif FLAT:  # one loop over every K block (one software pipeline), the chunk sum folded at chunk ends
+        total = zero
+        acc = zero
+        for kb in range(0, num_chunks * (CHUNK // BLOCK_K)):
+            acc = _dot_k_blocks(x_ptr, w_ptr, acc, offs_m, offs_n, kb * BLOCK_K, 1, M, N, K, stride_xm,
+                                stride_xk, stride_wn, stride_wk, BLOCK_K, IEEE, UPCAST)
+            if kb % (CHUNK // BLOCK_K) == CHUNK // BLOCK_K - 1:
+                total += acc  # 0 + the first chunk's sum is that sum: the same operations as below
+                acc = zero
     else:
         total = _dot_k_blocks(x_ptr, w_ptr, zero, offs_m, offs_n, 0, CHUNK // BLOCK_K, M, N, K, stride_xm,
                               stride_xk, stride_wn, stride_wk, BLOCK_K, IEEE, UPCAST)
         for c in range(1, num_chunks):  # chunk sums added in chunk order, each from a fresh accumulator
             total += _dot_k_blocks(x_ptr, w_ptr, zero, offs_m, offs_n, c * CHUNK, CHUNK // BLOCK_K, M, N, K,
                                    stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, IEEE, UPCAST)
+    if not PARALLEL:
         if HAS_BIAS:
             total += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on,
@@ -114,10 +125,13 @@ def check_operands(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, chunk: int, parallel: bool,
            block_m: int, block_n: int, block_k: int, group_m: int = 8, num_warps: int = 4,
-           num_stages: int = 3) -> torch.Tensor:
+           num_stages: int = 3, flat: bool = False) -> torch.Tensor:
     """`x @ w.T + bias` for x [M, K], w [N, K]: K cut into `chunk`-element chunks (what fixes the
     bits; `chunk >= K` is one chunk), computed by the parallel or the sequential schedule with the
-    given tile (free per call: neither changes a row's bits)."""
+    given tile (free per call: neither changes a row's bits). `flat` runs the sequential schedule as
+    one loop over all K blocks that folds each chunk's sum into the total at the chunk's end (one
+    software pipeline instead of one per chunk; the same fp32 operations). Not in the selection's
+    schedule table yet: bench/matmul_sweep.py --flat measures it first."""
     check_operands(x, w, bias)
     assert chunk > 0 and block_m > 0 and block_n > 0 and block_k > 0
     assert chunk % block_k == 0, f"chunk {chunk} must be whole BLOCK_K {block_k} blocks"
@@ -129,11 +143,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         block_k //= 2
     if x.is_cuda or interpreting():
         return _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps,
-                              num_stages)
+                              num_stages, flat)
     return _linear_cpu(x, w, bias, chunk)
 
 
-def _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps, num_stages):
+def _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps, num_stages,
+                   flat=False):
     M, K = x.shape
     N = w.shape[0]
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
@@ -148,7 +163,8 @@ def _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group
         x, w, b, out, ws, M, N, K, chunks, x.stride(0), x.stride(1), w.stride(0), w.stride(1), out.stride(0),
         out.stride(1), HAS_BIAS=bias is not None, PARALLEL=parallel, CHUNK=chunk, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, IEEE=x.dtype == torch.float32,
-        UPCAST=interpreting() and x.dtype != torch.float32, num_warps=num_warps, num_stages=num_stages, **pdl(x))
+        UPCAST=interpreting() and x.dtype != torch.float32, FLAT=flat and not parallel and chunks > 1,
+        num_warps=num_warps, num_stages=num_stages, **pdl(x))
     if parallel:  # the chunk sums added in chunk order
         combine_splits(ws, bias, out)
     return out

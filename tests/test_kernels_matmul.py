@@ -135,6 +135,11 @@ for dtype in (torch.float32, torch.bfloat16):
         got = linear(x[:m], w, b, chunk=64, parallel=parallel, block_m=16, block_n=32, block_k=32)
         if not torch.equal(got, ref[:m]):
             bad.append(("rows", dtype, m, parallel))
+    for chunk in (64, 128):  # the flat loop folds at the same chunk ends (K = 200: a partial last chunk)
+        seq = linear(x, w, b, chunk=chunk, parallel=False, block_m=16, block_n=32, block_k=32)
+        if not torch.equal(linear(x, w, b, chunk=chunk, parallel=False, block_m=16, block_n=32, block_k=32,
+                                  flat=True), seq):
+            bad.append(("flat", dtype, chunk))
 print("BAD", bad)
 '''
     out = run_interpreted(code)

@@ -88,3 +88,22 @@ def test_another_chunk_rounds_differently():
         c = linear(x, w, b, chunk=128, parallel=True, block_m=16, block_n=64, block_k=64)
         changed.append(not torch.equal(a, c))
     assert any(changed), "a different K partition must change some site's bits, else the pin is vacuous"
+
+
+@pytest.mark.parametrize("n, k, bias", SITES[:5], ids=[f"{k}to{n}" for n, k, _ in SITES[:5]])
+def test_the_flat_sequential_loop_keeps_the_bits(n, k, bias):
+    """`linear(flat=True)` (one loop over all K blocks, the chunk sum folded at chunk ends) against the
+    per-chunk loops, at chunks of one, two and ten BLOCK_K blocks and in the large tiles it is for."""
+    rows = 256 if n > 100_000 else 2048
+    x, w, b = _data(n, k, bias, torch.bfloat16, rows)
+    bad = []
+    for chunk in (128, 640):
+        ref = linear(x, w, b, chunk=chunk, parallel=False, block_m=128, block_n=128, block_k=64, num_warps=8)
+        for bm, bn, bk, warps, stages in ((128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4),
+                                          (128, 128, 128, 8, 3)):
+            for m in (1, 100, rows):
+                got = linear(x[:m], w, b, chunk=chunk, parallel=False, block_m=bm, block_n=bn, block_k=bk,
+                             num_warps=warps, num_stages=stages, flat=True)
+                if not torch.equal(got, ref[:m]):
+                    bad.append(f"chunk {chunk} {(bm, bn, bk, warps, stages)} M={m}")
+    assert not bad, "the flat loop changed rows:\n" + "\n".join(bad)
