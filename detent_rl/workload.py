@@ -1,0 +1,77 @@
+"""One RL step's shapes as a workload (`Workload`): what `python -m detent_rl.tune` profiles and tunes
+for, runnable on an engine (generate, then the trainer's rescoring forward)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from detent_rl.kernels.selections import Deployment
+from detent_rl.models.model import CausalLM
+from detent_rl.models.runner import completion_logprobs
+from detent_rl.rollout.engine import Engine
+from detent_rl.rollout.sequence import SamplingParams
+from detent_rl.timing import sync
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One RL step's shapes: `prompts` prompts of `prompt_len` tokens, each sampled `samples` times (a
+    GRPO group: the engine's prefix cache prefills a prompt once, as in the run), every request
+    decoding `new_tokens` (no stop token), at most `max_num_seqs` in flight (the decode batch, so the
+    M the linears see), then rescored the trainer's way, `micro_batch` sequences per forward."""
+    prompts: int
+    prompt_len: int
+    new_tokens: int
+    micro_batch: int = 8
+    max_num_seqs: int = 64
+    samples: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("prompts", "prompt_len", "new_tokens", "micro_batch", "max_num_seqs", "samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"workload {name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def requests(self) -> int:
+        return self.prompts * self.samples
+
+    def check(self, d: Deployment) -> None:
+        """Refuse shapes the deployment cannot run: a sequence past its context, or a trainer forward
+        (one prefill of `micro_batch` whole sequences) past its tokens per step."""
+        length = self.prompt_len + self.new_tokens
+        if length > d.max_context:
+            raise ValueError(f"workload: {self.prompt_len} + {self.new_tokens} tokens exceed the deployment's context "
+                             f"of {d.max_context}")
+        rows = min(self.micro_batch, self.requests)
+        if rows * length > d.max_num_tokens:
+            raise ValueError(f"workload: a trainer forward of {rows} sequences x {length} tokens = {rows * length} "
+                             f"exceeds the deployment's max_num_tokens of {d.max_num_tokens}; lower the micro "
+                             f"batch or raise max_num_tokens")
+
+    def engine(self, model: CausalLM) -> Engine:
+        """An engine for this workload on `model` (its CUDA graphs are captured on its first run)."""
+        d = model.selections.deployment
+        self.check(d)
+        return Engine.for_requests(model, self.requests, self.prompt_len + self.new_tokens,
+                                   min(self.requests, d.max_batch, self.max_num_seqs))
+
+    def run(self, engine: Engine) -> float:
+        """Seconds to generate and rescore the workload on `engine` (synchronised on the GPU); its
+        prefix cache is flushed first, so every run does the same work."""
+        model = engine.model
+        g = torch.Generator().manual_seed(0)
+        group = torch.randint(0, model.config.vocab_size, (self.prompts, self.prompt_len), generator=g).tolist()
+        prompts = [p for p in group for _ in range(self.samples)]
+        params = [SamplingParams(seed=i, temperature=1.0, max_tokens=self.new_tokens) for i in range(self.requests)]
+        engine.flush_cache()
+        sync(model.device)
+        t0 = time.perf_counter()
+        seqs = engine.generate(prompts, params)
+        with torch.inference_mode():
+            for i in range(0, len(seqs), self.micro_batch):
+                part = seqs[i:i + self.micro_batch]
+                completion_logprobs(model, [(s.tokens, s.num_prompt) for s in part], [1.0] * len(part))
+        sync(model.device)
+        return time.perf_counter() - t0
