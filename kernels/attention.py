@@ -17,7 +17,7 @@ packing is a schedule, not a pin (tests/test_kernels_attention*.py compare the b
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -35,6 +35,9 @@ class AttnMeta:
     tile_q0: torch.Tensor  # int32 [tiles], first query row of each tile
     block_m: int
     pack: int = 1  # query heads per query in a tile's rows (1: one head per tile)
+    # host copies of cu_q and pos0 where the builder had them (attn_meta): read without a device sync
+    cu_q_host: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
+    pos0_host: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
 
     @property
     def tile_queries(self) -> int:
@@ -44,6 +47,12 @@ class AttnMeta:
 def pack_of(selection, num_heads: int, num_kv_heads: int) -> int:
     """The `pack` an attention selection asks for: the GQA group when it packs (`pack_gqa`)."""
     return num_heads // num_kv_heads if selection.pack_gqa else 1
+
+
+def device_tensor(values: list, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A host list as a tensor on `device`, copied without waiting for the device's queue (a plain
+    `torch.tensor(values, device=...)` synchronizes the stream: the CPU then stops running ahead)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def attn_meta(q_lens: list[int], cached: list[int], block_table: torch.Tensor, block_m: int,
@@ -59,9 +68,9 @@ def attn_meta(q_lens: list[int], cached: list[int], block_table: torch.Tensor, b
         tiles_q.extend(range(cu[-1], cu[-1] + n, per))
         cu.append(cu[-1] + n)
     dev = block_table.device
-    as_t = lambda v: torch.tensor(v, dtype=torch.int32, device=dev)  # noqa: E731
+    as_t = lambda v: device_tensor(v, torch.int32, dev)  # noqa: E731
     return AttnMeta(as_t(cu), as_t(cached), as_t(pos), block_table.to(torch.int32), as_t(tiles_r),
-                    as_t(tiles_q), block_m, pack)
+                    as_t(tiles_q), block_m, pack, cu_q_host=tuple(cu), pos0_host=tuple(cached))
 
 
 

@@ -3,10 +3,13 @@
 The trainer's forward must give the rollout's bits (importance ratio exactly 1.0 on the first
 minibatch), so each op's forward here IS the kernel call the engine makes, with the same selected
 parameters — `torch.autograd.Function.forward` runs it unchanged, without recording a graph. The
-backward only has to be a correct gradient, not a bit-exact one: it differentiates the op's plain
-PyTorch reference (the formula the kernel computes, in the same dtypes), recomputed from the saved
-inputs; linear and embedding have closed forms. Each wrapper calls the kernel directly when no
-input needs a gradient, so inference pays nothing.
+backward only has to be a correct (and deterministic) gradient, not a bit-exact one. Linear,
+embedding, RMSNorm, SiLU-and-mul, rotary and the token log-softmax have closed forms, a kernel or a
+few tensor ops each from the saved inputs (no reference forward recomputed under autograd: the update
+was bound by the host launching those ops); attention differentiates its PyTorch formula, fp32
+attention over padded batches, taken on the padded tensors themselves. Every backward is
+deterministic (the trainer's resume and its runs repeat bit for bit).
+Each wrapper calls the kernel directly when no input needs a gradient, so inference pays nothing.
 
 Names: `<op>_autograd` is the op the model layers call. It wraps the kernel launcher `<op>`
 (`kernels/<family>.py`, with its PyTorch reference `<op>_ref`), whose parameters the family's SelIR
@@ -17,58 +20,25 @@ keys all in the step (a cached prefix has no gradient path); other steps are ref
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import contextlib
+import functools
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from detent_rl.kernels.attention import AttnMeta, paged_attention, store_kv
 from detent_rl.kernels.embedding import embedding
-from detent_rl.kernels.log_softmax import token_logprobs, token_logprobs_ref
+from detent_rl.kernels.log_softmax import token_logprobs
 from detent_rl.kernels.matmul import linear
-from detent_rl.kernels.rmsnorm import rmsnorm, rmsnorm_ref
-from detent_rl.kernels.rotary import apply_rotary, apply_rotary_ref, rotary_store
-from detent_rl.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
+from detent_rl.kernels.rmsnorm import rmsnorm, rmsnorm_backward
+from detent_rl.kernels.rotary import apply_rotary, rotary_store
+from detent_rl.kernels.silu_and_mul import silu_and_mul, silu_and_mul_backward
 
 
 def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-class _RefGrad(torch.autograd.Function):
-    """out = kernel(*inputs); d/dinputs from ref(*inputs). Outputs may be a tuple."""
-
-    @staticmethod
-    def forward(ctx: Any, kernel: Callable, ref: Callable, *inputs: Any) -> Any:
-        ctx.ref = ref
-        ctx.tensor_at = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
-        ctx.others = [None if isinstance(x, torch.Tensor) else x for x in inputs]
-        ctx.save_for_backward(*(inputs[i] for i in ctx.tensor_at))
-        out = kernel(*inputs)
-        ctx.is_tuple = isinstance(out, tuple)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
-        saved = ctx.saved_tensors
-        args = list(ctx.others)
-        leaves = []
-        for i, t in zip(ctx.tensor_at, saved):
-            leaf = t.detach().requires_grad_(t.requires_grad and t.is_floating_point())
-            args[i] = leaf
-            if leaf.requires_grad:
-                leaves.append((i, leaf))
-        with torch.enable_grad():
-            out = ctx.ref(*args)
-        outs = out if ctx.is_tuple else (out,)
-        pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
-        result: list[Optional[torch.Tensor]] = [None] * len(args)
-        if pairs and leaves:
-            found = torch.autograd.grad([o for o, _ in pairs], [leaf for _, leaf in leaves],
-                                        [g for _, g in pairs], allow_unused=True)
-            for (i, _), g in zip(leaves, found):
-                result[i] = g
-        return (None, None, *result)
 
 
 class _Linear(torch.autograd.Function):
@@ -99,9 +69,105 @@ class _Embedding(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
         (ids,) = ctx.saved_tensors
+        if g.is_cuda:  # sorted by token, each row summed in fp32 by one thread: deterministic (index_add_'s
+            # float atomics on the GPU are not), as the trainer's resume must be
+            gw = torch.ops.aten.embedding_dense_backward(g.reshape(-1, ctx.shape[1]), ids.reshape(-1).long(),
+                                                         ctx.shape[0], -1, False)
+            return None, gw.to(g.dtype), None
         gw = torch.zeros(ctx.shape, dtype=torch.float32, device=g.device)
         gw.index_add_(0, ids.reshape(-1).long(), g.reshape(-1, ctx.shape[1]).float())
         return None, gw.to(g.dtype), None
+
+
+class _RMSNorm(torch.autograd.Function):
+    """rmsnorm (after the residual add h = residual + x): out = w * round(h * rstd); the backward is
+    `rmsnorm_backward` (one kernel on the GPU) from the saved h."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor], eps: float,
+                block: int, num_warps: int) -> Any:
+        out = rmsnorm(x, weight, eps, block=block, num_warps=num_warps, residual=residual)
+        ctx.save_for_backward(x if residual is None else out[1], weight)
+        ctx.eps, ctx.has_residual = eps, residual is not None
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor, g_h: Optional[torch.Tensor] = None) -> tuple:
+        h, w = ctx.saved_tensors
+        dh, gw = rmsnorm_backward(h, w, g, g_h, ctx.eps)
+        return dh, gw if ctx.needs_input_grad[1] else None, dh if ctx.has_residual else None, None, None, None
+
+
+class _SiluAndMul(torch.autograd.Function):
+    """silu(a) * b for x = [a | b]; the backward is `silu_and_mul_backward` (one kernel on the GPU)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, block: int) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return silu_and_mul(x, block=block)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple:
+        (x,) = ctx.saved_tensors
+        return silu_and_mul_backward(x, g), None
+
+
+class _Rotary(torch.autograd.Function):
+    """q, k rotated by their positions' angles (the rotary part, the first cos.shape[1] of each head):
+    x' = x * cos + rotate_half(x) * sin, an orthogonal map, so the gradient is the rotation back —
+    `apply_rotary` with -sin (the same kernel; the rest of a head passes its gradient through)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.save_for_backward(positions, cos, sin)
+        ctx.block = block
+        return apply_rotary(q, k, positions, cos, sin, block=block)
+
+    @staticmethod
+    def backward(ctx: Any, gq: Optional[torch.Tensor], gk: Optional[torch.Tensor]) -> tuple:
+        positions, cos, sin = ctx.saved_tensors
+        gq, gk = apply_rotary(gq.contiguous(), gk.contiguous(), positions, cos, torch.neg(sin), block=ctx.block)
+        return gq, gk, None, None, None, None
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """Each row's log-softmax at its token, the rows cut into segments with their own kernel selection
+    and temperature (one sequence's completion each: the engine's sampler calls). One closed-form
+    backward for all of them: d logits = g * (onehot(token) - softmax(logits / t)) / t."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, token_ids: torch.Tensor, segments: tuple) -> torch.Tensor:
+        ctx.save_for_backward(logits, token_ids)
+        ctx.segments = segments
+        return _segment_logprobs(logits, token_ids, segments)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple:
+        logits, ids = ctx.saved_tensors
+        inv_t = torch.tensor([1.0 / (t or 1.0) for _, n, _, _, t in ctx.segments for _ in range(n)],
+                             dtype=torch.float32).to(logits.device, non_blocking=True)[:, None]
+        p = torch.softmax(logits.float() * inv_t, dim=-1)
+        scale = g.float()[:, None] * inv_t
+        p.mul_(-scale)
+        p.scatter_add_(1, ids.long()[:, None], scale)
+        return p.to(logits.dtype), None, None
+
+
+def _segment_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, segments: tuple) -> torch.Tensor:
+    parts = [token_logprobs(logits[a:a + n], token_ids[a:a + n], block=block, num_warps=warps, temperature=t)
+             for a, n, block, warps, t in segments]
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def token_logprobs_segments_autograd(logits: torch.Tensor, token_ids: torch.Tensor,
+                                     segments: list[tuple[int, int, int, int, float]]) -> torch.Tensor:
+    """fp32 logprobs of `token_ids` under `logits` [rows, vocab], rows cut into consecutive segments
+    (first row, rows, block, num_warps, temperature) that together cover every row in order."""
+    assert sum(n for _, n, *_ in segments) == logits.shape[0], "segments must cover the rows"
+    if not _needs_grad(logits):
+        return _segment_logprobs(logits, token_ids, tuple(segments))
+    return _TokenLogprobs.apply(logits, token_ids, tuple(segments))
 
 
 def linear_autograd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], launch: dict) -> torch.Tensor:
@@ -121,15 +187,13 @@ def rmsnorm_autograd(x: torch.Tensor, weight: torch.Tensor, eps: float, *, block
                      residual: Optional[torch.Tensor] = None) -> Any:
     if not _needs_grad(x, weight, residual):
         return rmsnorm(x, weight, eps, block=block, num_warps=num_warps, residual=residual)
-    return _RefGrad.apply(
-        lambda x, w, r: rmsnorm(x, w, eps, block=block, num_warps=num_warps, residual=r),
-        lambda x, w, r: rmsnorm_ref(x, w, eps, residual=r), x, weight, residual)
+    return _RMSNorm.apply(x, weight, residual, eps, block, num_warps)
 
 
 def silu_and_mul_autograd(x: torch.Tensor, *, block: int) -> torch.Tensor:
     if not _needs_grad(x):
         return silu_and_mul(x, block=block)
-    return _RefGrad.apply(lambda x: silu_and_mul(x, block=block), silu_and_mul_ref, x)
+    return _SiluAndMul.apply(x, block)
 
 
 def rotary_store_autograd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
@@ -139,59 +203,122 @@ def rotary_store_autograd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos
     back None (stored); with one, `attention_autograd` stores the returned k (the same bits)."""
     if not _needs_grad(q, k, v):
         return rotary_store(q, k, v, positions, cos, sin, k_cache, v_cache, slots, block=block), None
-    # the kernels need a contiguous last dim, and so does HF's reference on views of the fused qkv
-    return _RefGrad.apply(lambda q, k, p, c, s: apply_rotary(q, k, p, c, s, block=block), apply_rotary_ref,
-                          q, k, positions, cos, sin)
+    return _Rotary.apply(q, k, positions, cos, sin, block)
 
 
-def token_logprobs_autograd(logits: torch.Tensor, token_ids: torch.Tensor, *, block: int, num_warps: int,
-                            temperature: float = 1.0) -> torch.Tensor:
-    if not _needs_grad(logits):
-        return token_logprobs(logits, token_ids, block=block, num_warps=num_warps, temperature=temperature)
-    return _RefGrad.apply(
-        lambda x, t: token_logprobs(x, t, block=block, num_warps=num_warps, temperature=temperature),
-        lambda x, t: token_logprobs_ref(x, t, temperature=temperature), logits, token_ids)
-
-
-# fp32 attention scores one padded reference call may hold ([B, H, L, L]); longer sequences go in
-# smaller groups (one alone at worst), so a long-context micro-batch does not multiply the peak.
+# fp32 attention scores one padded call may hold ([B, H, L, L]); longer sequences go in smaller
+# groups (one alone at worst), so a long-context micro-batch does not multiply the peak.
 ATTENTION_REF_SCORE_BYTES = 1 << 30
 
 
-def _attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: list[int], scale: float,
-                   score_bytes: int = ATTENTION_REF_SCORE_BYTES) -> torch.Tensor:
-    """Causal attention of each sequence's rows over its own keys (all new in this step), fp32 inside.
-
-    Consecutive sequences are padded at their ends into one [B, H, L, D] batch and attended in ONE
-    causal call per group (one call per layer for a GRPO micro-batch, instead of one per sequence:
-    the backward was bound by kernel launches). A pad row repeats its sequence's first row: a real
-    row never sees it (it comes later), and the pad rows' outputs are dropped, so no gradient flows
-    through them.
-    """
-    heads = q.shape[1]
+def _groups(cu_q: list[int], heads: int, score_bytes: int) -> list[tuple[int, int]]:
+    """Consecutive runs of sequences (first, end) whose padded fp32 scores fit `score_bytes`."""
     lengths = [e - s for s, e in zip(cu_q, cu_q[1:])]
     groups, first = [], 0
     for i in range(1, len(lengths) + 1):
         if i == len(lengths) or (i - first + 1) * heads * max(lengths[first:i + 1]) ** 2 * 4 > score_bytes:
             groups.append((first, i))
             first = i
-    return torch.cat([_padded_attention(q, k, v, cu_q[a:b], lengths[a:b], scale) for a, b in groups])
+    return groups
 
 
-def _padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: list[int], lengths: list[int],
-                      scale: float) -> torch.Tensor:
-    device, heads = q.device, q.shape[1]
-    pos = torch.arange(max(lengths), device=device)
-    first = torch.tensor(starts, device=device)[:, None]
-    real = pos < torch.tensor(lengths, device=device)[:, None]  # [B, L]
-    index = torch.where(real, first + pos, first)
+@functools.lru_cache(maxsize=16)
+def _padding(lengths: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For sequences of these lengths packed end to end (T rows): the padded batch's gather index [B, L]
+    into the rows plus one zero row (index T: every pad), and each row's (sequence, position) in the
+    batch. Built on the host and copied without a device sync; every layer of a micro-batch asks for
+    the same ones."""
+    n = torch.tensor(lengths)
+    first = torch.cumsum(n, 0) - n
+    pos = torch.arange(max(lengths))
+    real = pos < n[:, None]  # [B, L]
+    index = torch.where(real, first[:, None] + pos, int(n.sum()))
+    seq, at = real.nonzero(as_tuple=True)  # row-major: the rows in token order
+    return tuple(t.to(device, non_blocking=True) for t in (index, seq, at))
 
-    def padded(x: torch.Tensor) -> torch.Tensor:  # [T, h, D] -> [B, heads, L, D] fp32
-        return x[index].float().repeat_interleave(heads // x.shape[1], 2).transpose(1, 2)
 
-    o = F.scaled_dot_product_attention(padded(q), padded(k), padded(v), is_causal=True, scale=scale)
-    # the kernel rounds P to the value dtype before P @ V; the gradient ignores that rounding
-    return o.transpose(1, 2)[real].to(q.dtype)
+def _pad(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """[T, h, D] rows -> [B, h, L, D] fp32, pads zero."""
+    return torch.cat([x, x.new_zeros((1, *x.shape[1:]))])[index].float().transpose(1, 2)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal fp32 attention of padded [B, H, L, D] batches (k, v repeated up to q's heads). On the GPU
+    the memory-efficient kernel, whose backward is deterministic under PyTorch's deterministic
+    algorithms (`_deterministic`); the math one would need cuBLAS's deterministic workspace setting."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION) if q.is_cuda else contextlib.nullcontext():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+
+
+def _attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: list[int], scale: float,
+                   score_bytes: int = ATTENTION_REF_SCORE_BYTES) -> torch.Tensor:
+    """Causal attention of each sequence's rows over its own keys (all new in this step), fp32 inside,
+    differentiable by autograd: the formula `_attention_backward` differentiates. Consecutive sequences
+    are padded at their ends into one [B, H, L, D] batch and attended in one causal call per group; pad
+    rows are zeros at the ends, never seen by a real row (they come later), their outputs dropped. The
+    kernel rounds P to the value dtype before P @ V; the gradient ignores that rounding."""
+    outs = []
+    for a, b in _groups(cu_q, q.shape[1], score_bytes):
+        rows = slice(cu_q[a], cu_q[b])
+        index, seq, at = _padding(tuple(e - s for s, e in zip(cu_q[a:b], cu_q[a + 1:b + 1])), q.device)
+        o = _sdpa(_pad(q[rows], index), _pad(k[rows], index), _pad(v[rows], index), scale)
+        outs.append(o.transpose(1, 2)[seq, at].to(q.dtype))
+    return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+
+def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, cu_q: list[int],
+                        scale: float, score_bytes: int = ATTENTION_REF_SCORE_BYTES
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradient of `_attention_ref` for the output's gradient g, taken on the padded batches
+    themselves (their gathers are each row once, so the gradients come back by a gather: no
+    accumulating scatter, no autograd graph around them), under PyTorch's deterministic algorithms."""
+    grads = []
+    with _deterministic():
+        for a, b in _groups(cu_q, q.shape[1], score_bytes):
+            rows = slice(cu_q[a], cu_q[b])
+            index, seq, at = _padding(tuple(e - s for s, e in zip(cu_q[a:b], cu_q[a + 1:b + 1])), q.device)
+            leaves = [_pad(x[rows], index).requires_grad_(True) for x in (q, k, v)]
+            with torch.enable_grad():
+                o = _sdpa(*leaves, scale)
+            found = torch.autograd.grad(o, leaves, _pad(g[rows], index))
+            grads.append([d.transpose(1, 2)[seq, at].to(q.dtype) for d in found])
+    if len(grads) == 1:
+        return tuple(grads[0])
+    return tuple(torch.cat(parts) for parts in zip(*grads))
+
+
+class _Attention(torch.autograd.Function):
+    """The engine's store_kv + paged_attention for a one-shot prefill; the gradient `_attention_backward`."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: Callable, cu: list[int],
+                scale: float) -> torch.Tensor:
+        ctx.save_for_backward(q, k, v)
+        ctx.cu, ctx.scale = cu, scale
+        return kernel(q, k, v)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple:
+        q, k, v = ctx.saved_tensors
+        return (*_attention_backward(q, k, v, g, ctx.cu, ctx.scale), None, None, None)
+
+
+@contextlib.contextmanager
+def _deterministic() -> Iterator[None]:
+    """PyTorch's deterministic algorithms for the body, without its filling of fresh tensors (the
+    backward writes all it allocates), the caller's settings restored after."""
+    import torch.utils.deterministic as det
+    before, warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = det.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    det.fill_uninitialized_memory = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before, warn_only=warn)
+        det.fill_uninitialized_memory = fill
 
 
 def attention_autograd(q: torch.Tensor, k: Optional[torch.Tensor], v: torch.Tensor, k_cache: torch.Tensor,
@@ -204,13 +331,14 @@ def attention_autograd(q: torch.Tensor, k: Optional[torch.Tensor], v: torch.Tens
             store_kv(k, v, k_cache, v_cache, slots)
         return paged_attention(q, k_cache, v_cache, meta, scale=scale, **params)
     assert k is not None, "a differentiable step stores its own keys (rotary_store_autograd returns them)"
-    if bool((meta.pos0 != 0).any()):
+    pos0 = meta.pos0_host if meta.pos0_host is not None else meta.pos0.tolist()
+    if any(pos0):
         raise ValueError("a differentiable attention step must prefill every sequence from position 0 "
                          "(its keys all in the step); this step has a cached prefix")
-    cu = meta.cu_q.tolist()
+    cu = list(meta.cu_q_host) if meta.cu_q_host is not None else meta.cu_q.tolist()
 
     def kernel(q, k, v):
         store_kv(k, v, k_cache, v_cache, slots)
         return paged_attention(q, k_cache, v_cache, meta, scale=scale, **params)
 
-    return _RefGrad.apply(kernel, lambda q, k, v: _attention_ref(q, k, v, cu, scale), q, k, v)
+    return _Attention.apply(q, k, v, kernel, cu, scale)

@@ -83,6 +83,83 @@ def _rmsnorm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: 
     return weight * y, (h if residual is not None else None)
 
 
+@triton.jit
+def _rmsnorm_backward_kernel(h_ptr, w_ptr, g_ptr, gh_ptr, dh_ptr, dw_ptr, n_rows, n_cols, eps,
+                             HAS_GH: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
+    pid = tl.program_id(0)
+    dtype = h_ptr.dtype.element_ty
+    cols = tl.arange(0, BLOCK)
+    w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in range(ROWS):
+        row = pid * ROWS + i
+        mask = cols < tl.where(row < n_rows, n_cols, 0)  # the last program's rows past the end: none
+        base = row.to(tl.int64) * n_cols
+        h = tl.load(h_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(h * h, axis=0) / n_cols + eps)
+        n = h * rstd
+        dw += g * n.to(dtype).to(tl.float32)
+        gn = g * w
+        dh = (gn - n * (tl.sum(gn * n, axis=0) / n_cols)) * rstd
+        if HAS_GH:
+            dh += tl.load(gh_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dh_ptr + base + cols, dh.to(dtype), mask=mask)
+    tl.store(dw_ptr + pid.to(tl.int64) * n_cols + cols, dw, mask=cols < n_cols)
+
+
+BACKWARD_PROGRAMS = 512  # about 4 programs an SM on an H100/H200: rows per program follow the row count
+
+
+def rmsnorm_backward(h: torch.Tensor, weight: torch.Tensor, g: torch.Tensor, g_h: Optional[torch.Tensor],
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradient of `rmsnorm` (the trainer's backward; not pinned, only deterministic): given the
+    normalised rows h (residual + x where there was a residual), the output's gradient g and the
+    gradient reaching h itself (g_h, or None), returns (dh, dweight), in fp32 inside:
+
+        n = h * rstd,  dh = rstd * (g * w - n * mean(g * w * n)) + g_h,  dweight = sum over rows of g * n
+
+    (n rounded to the dtype, as the forward multiplies it by the weight). On the GPU one kernel (each
+    program a run of rows, its dweight share written apart) and one sum over the programs' shares."""
+    assert h.shape == g.shape and h.dim() == 2 and (g_h is None or g_h.shape == h.shape)
+    if use_triton(h):
+        return _rmsnorm_backward_triton(h, weight, g, g_h, eps)
+    return _rmsnorm_backward_torch(h, weight, g, g_h, eps)
+
+
+def _rmsnorm_backward_triton(h: torch.Tensor, weight: torch.Tensor, g: torch.Tensor, g_h: Optional[torch.Tensor],
+                             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    require_triton(h)
+    h, g = dense_rows(h), dense_rows(g)
+    g_h = dense_rows(g_h) if g_h is not None else None
+    rows, hidden = h.shape
+    block = triton.next_power_of_2(hidden)
+    per = max(1, min(32, triton.next_power_of_2(triton.cdiv(rows, BACKWARD_PROGRAMS))))
+    programs = triton.cdiv(rows, per)
+    dh = torch.empty_like(h)
+    dw = torch.empty((programs, hidden), dtype=torch.float32, device=h.device)
+    if rows > 0:
+        _rmsnorm_backward_kernel[(programs,)](h, aligned(weight), g, g_h if g_h is not None else g, dh, dw,
+                                              rows, hidden, float(eps), HAS_GH=g_h is not None, ROWS=per,
+                                              BLOCK=block, num_warps=min(16, max(4, block // 256)), **pdl(h))
+    return dh, dw.sum(0).to(weight.dtype)
+
+
+def _rmsnorm_backward_torch(h: torch.Tensor, weight: torch.Tensor, g: torch.Tensor, g_h: Optional[torch.Tensor],
+                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    hf = h.float()
+    rstd = torch.rsqrt(hf.square().mean(-1, keepdim=True) + eps)
+    n = hf * rstd
+    gf = g.float()
+    gw = (gf * n.to(h.dtype).float()).sum(0).to(weight.dtype)
+    gn = gf * weight.float()
+    dh = (gn - n * (gn * n).mean(-1, keepdim=True)) * rstd
+    if g_h is not None:
+        dh += g_h.float()
+    return dh.to(h.dtype), gw
+
+
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, block: int, num_warps: int = 4,
             residual: Optional[torch.Tensor] = None) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """RMSNorm of each row of x [rows, hidden]; with `residual`, returns (out, residual + x).

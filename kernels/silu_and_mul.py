@@ -59,3 +59,50 @@ def silu_and_mul(x: torch.Tensor, *, block: int) -> torch.Tensor:
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     d = x.shape[1] // 2
     return F.silu(x[:, :d]) * x[:, d:]
+
+
+@triton.jit
+def _silu_and_mul_backward_kernel(x_ptr, g_ptr, dx_ptr, d, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < d
+    dtype = dx_ptr.dtype.element_ty
+    a = tl.load(x_ptr + row * 2 * d + cols, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(x_ptr + row * 2 * d + d + cols, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + row * d + cols, mask=mask, other=0.0).to(tl.float32)
+    sig = 1.0 / (1.0 + tl.exp(-a))
+    silu = (a * sig).to(dtype).to(tl.float32)
+    gb = (g * b).to(dtype).to(tl.float32)
+    tl.store(dx_ptr + row * 2 * d + cols, (gb * sig * (1.0 + a * (1.0 - sig))).to(dtype), mask=mask)
+    tl.store(dx_ptr + row * 2 * d + d + cols, (g * silu).to(dtype), mask=mask)
+
+
+def silu_and_mul_backward(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """The gradient of `silu_and_mul` at x [rows, 2d] for the output's gradient g [rows, d] (the
+    trainer's backward; not pinned, only deterministic): with x = [a | b], db = g * silu(a) and
+    da = silu'(a) * (g * b), rounded as autograd rounds HF's formula in the model dtype (silu(a) and
+    g * b to the dtype first). One kernel on the GPU."""
+    assert x.dim() == 2 and g.shape == (x.shape[0], x.shape[1] // 2), "g must be [rows, d] for x [rows, 2d]"
+    if use_triton(x):
+        return _silu_and_mul_backward_triton(x, g)
+    return _silu_and_mul_backward_torch(x, g)
+
+
+def _silu_and_mul_backward_triton(x: torch.Tensor, g: torch.Tensor, block: int = 1024) -> torch.Tensor:
+    require_triton(x)
+    x, g = x.contiguous(), g.contiguous()
+    rows, d = g.shape
+    dx = torch.empty_like(x)
+    if rows > 0 and d > 0:
+        _silu_and_mul_backward_kernel[(rows, triton.cdiv(d, block))](x, g, dx, d, BLOCK=block, **pdl(x))
+    return dx
+
+
+def _silu_and_mul_backward_torch(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    d = x.shape[1] // 2
+    a, b = x[:, :d], x[:, d:]
+    dx = torch.empty_like(x)
+    torch.mul(g, F.silu(a), out=dx[:, d:])
+    dx[:, :d] = torch.ops.aten.silu_backward(g * b, a)
+    return dx

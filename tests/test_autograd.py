@@ -121,18 +121,105 @@ def _attention_per_sequence(q, k, v, cu, scale):
 def test_the_padded_attention_reference_is_the_per_sequence_formula(score_bytes):
     """Padding sequences into one causal call (or a few, under a memory bound) changes neither the
     output nor the gradients: pad rows are never attended and their outputs are dropped."""
-    from detent_rl.kernels.autograd import _attention_ref
+    from detent_rl.kernels.autograd import _attention_backward, _attention_ref
     g = torch.Generator().manual_seed(0)
     cu = [0, 5, 6, 30, 47, 50]
     q, k, v = (torch.randn(50, h, 16, generator=g, requires_grad=True) for h in (4, 2, 2))
     got, want = _attention_ref(q, k, v, cu, 0.25, score_bytes), _attention_per_sequence(q, k, v, cu, 0.25)
     assert got.shape == want.shape and torch.allclose(got, want, atol=1e-6)
     up = torch.randn(got.shape, generator=g)
-    for a, b in zip(torch.autograd.grad(got, (q, k, v), up), torch.autograd.grad(want, (q, k, v), up)):
+    expected = torch.autograd.grad(want, (q, k, v), up)
+    for a, b in zip(torch.autograd.grad(got, (q, k, v), up), expected):
         assert torch.allclose(a, b, atol=1e-5)
+    # the trainer's backward: the same gradients, taken on the padded batches directly
+    for a, b in zip(_attention_backward(q.detach(), k.detach(), v.detach(), up, cu, 0.25, score_bytes), expected):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5)
     # the control: the pack attended as one sequence (no padding) lets rows read other sequences
     shuffled = _attention_per_sequence(q, k, v, [0, 50], 0.25)
     assert not torch.allclose(shuffled, want, atol=1e-3)
+
+
+def _grads(out, inputs, up):
+    outs = out if isinstance(out, tuple) else (out,)
+    ups = up if isinstance(up, tuple) else (up,)
+    return torch.autograd.grad(outs, inputs, ups, allow_unused=True)
+
+
+def _close(got, want, tol):
+    for a, b in zip(got, want):
+        assert (a is None) == (b is None)
+        if a is not None:
+            err = (a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-12)
+            assert err < tol, f"relative gradient error {err:.2e}"
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
+def test_closed_form_backwards_are_the_references_gradients(dtype, tol):
+    """Each op's hand-written backward (kernels.autograd) against autograd through its PyTorch
+    reference: RMSNorm with and without the residual add (the gradient reaching h too), SiLU-and-mul,
+    rotary on the whole head and on part of it, and the token log-softmax over segments of rows with
+    their own temperatures."""
+    from detent_rl.kernels import autograd as ag
+    from detent_rl.kernels.log_softmax import token_logprobs_ref
+    from detent_rl.kernels.rmsnorm import rmsnorm_ref
+    from detent_rl.kernels.rotary import apply_rotary_ref
+    from detent_rl.kernels.silu_and_mul import silu_and_mul_ref
+    g = torch.Generator().manual_seed(0)
+    rand = lambda *shape: torch.randn(*shape, generator=g).to(dtype).requires_grad_(True)  # noqa: E731
+
+    x, r, w = rand(37, 64), rand(37, 64), rand(64)
+    up, up_h = torch.randn(37, 64, generator=g).to(dtype), torch.randn(37, 64, generator=g).to(dtype)
+    got = _grads(ag.rmsnorm_autograd(x, w, 1e-6, block=64, num_warps=4, residual=r), (x, w, r), (up, up_h))
+    _close(got, _grads(rmsnorm_ref(x, w, 1e-6, residual=r), (x, w, r), (up, up_h)), tol)
+    got = _grads(ag.rmsnorm_autograd(x, w, 1e-6, block=64, num_warps=4), (x, w), up)
+    _close(got, _grads(rmsnorm_ref(x, w, 1e-6), (x, w), up), tol)
+
+    xs, up = rand(21, 96), torch.randn(21, 48, generator=g).to(dtype)
+    _close(_grads(ag.silu_and_mul_autograd(xs, block=64), (xs,), up), _grads(silu_and_mul_ref(xs), (xs,), up), tol)
+
+    positions = torch.tensor([0, 1, 2, 7, 3, 40, 5, 6, 9])
+    for rot in (16, 8):  # the whole head, the first half (partial rotary)
+        angles = torch.arange(64)[:, None].float() * torch.rand(rot // 2, generator=g)
+        cos, sin = (torch.cat([f(angles)] * 2, dim=1).to(dtype) for f in (torch.cos, torch.sin))
+        q, k = rand(9, 4, 16), rand(9, 2, 16)
+        ups = (torch.randn(9, 4, 16, generator=g).to(dtype), torch.randn(9, 2, 16, generator=g).to(dtype))
+        cache = torch.zeros(4, 16, 2, 16, dtype=dtype)
+        got = ag.rotary_store_autograd(q, k, k.detach(), positions, cos, sin, cache, cache.clone(),
+                                       torch.arange(9), block=64)
+        _close(_grads(got, (q, k), ups), _grads(apply_rotary_ref(q, k, positions, cos, sin), (q, k), ups), tol)
+
+    logits, ids = rand(11, 50), torch.randint(0, 50, (11,), generator=g)
+    segments = [(0, 4, 64, 4, 1.0), (4, 1, 64, 4, 0.7), (5, 6, 64, 4, 1.3)]
+    up = torch.randn(11, generator=g)
+    got = _grads(ag.token_logprobs_segments_autograd(logits, ids, segments), (logits,), up)
+    want = torch.cat([token_logprobs_ref(logits[a:a + n], ids[a:a + n], temperature=t) for a, n, _, _, t in segments])
+    _close(got, _grads(want, (logits,), up), tol)
+
+
+def test_backward_kernels_interpreted():
+    """The GPU's backward kernels (Triton's CPU interpreter) against their PyTorch forms. RMSNorm: several
+    rows per program with a ragged last program, a row narrower than its block, with and without the
+    gradient reaching h. SiLU-and-mul: a row of two blocks, the second ragged."""
+    from interpreted import run_interpreted
+    proc = run_interpreted("""
+import torch
+import detent_rl.kernels.rmsnorm as R
+g = torch.Generator().manual_seed(0)
+R.BACKWARD_PROGRAMS = 4
+h, gy, gh = (torch.randn(37, 48, generator=g) for _ in range(3))
+w = torch.randn(48, generator=g)
+for extra in (gh, None):
+    got, want = R._rmsnorm_backward_triton(h, w, gy, extra, 1e-6), R._rmsnorm_backward_torch(h, w, gy, extra, 1e-6)
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5), (a - b).abs().max()
+import detent_rl.kernels.silu_and_mul as S
+for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 2 ** -6)):  # bf16: an ulp or two (silu's fp32 ops)
+    x, gy = torch.randn(5, 2 * 1500, generator=g).to(dtype), torch.randn(5, 1500, generator=g).to(dtype)
+    got, want = S._silu_and_mul_backward_triton(x, gy), S._silu_and_mul_backward_torch(x, gy)
+    assert torch.allclose(got.float(), want.float(), rtol=tol, atol=1e-5), (got.float() - want.float()).abs().max()
+print("ok")
+""")
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
 @pytest.mark.gpu

@@ -13,7 +13,7 @@ from detent_rl.rollout.sequence import SamplingParams
 from detent_rl.config import LossSection, TrainSection
 from detent_rl.models.runner import completion_logprobs
 from detent_rl.models.weights import weights_sha256
-from detent_rl.trainer.grpo import group_advantages, normalizer, sequence_loss
+from detent_rl.trainer.grpo import group_advantages, normalizer, stats_dict, tokens_loss
 from detent_rl.trainer.trainer import Sample, Trainer, micro_batches
 from test_models import LIMITS, VOCAB, hf_model, save, sequences
 
@@ -27,7 +27,12 @@ def test_group_advantages_grpo_and_dr_grpo():
         group_advantages(r, 4, std=True)
 
 
-def test_sequence_loss_ratio_clip_tis_and_kl():
+def sequence_loss(*args):
+    loss, st = tokens_loss(*args)
+    return loss, stats_dict(st)
+
+
+def test_tokens_loss_ratio_clip_tis_and_kl():
     lp = torch.tensor([-1.0, -2.0, -0.5])
     cfg = LossSection(clip_low=0.2, clip_high=0.28)
     loss, st = sequence_loss(lp.clone(), lp.clone(), lp.clone(), 2.0, cfg)
@@ -44,6 +49,11 @@ def test_sequence_loss_ratio_clip_tis_and_kl():
     for est, want in (("k1", 0.1), ("k3", math.exp(-0.1) + 0.1 - 1)):
         loss, st = sequence_loss(lp.clone(), lp, lp, 0.0, LossSection(kl_coef=1.0, kl_estimator=est), ref)
         assert loss.item() == pytest.approx(3 * want, rel=1e-5)
+    # a micro-batch's tokens end to end, one advantage per token: the sum of its sequences' losses
+    both, st = tokens_loss(torch.cat([new, lp]), torch.cat([lp, lp]), torch.cat([lp, lp]),
+                           torch.tensor([1.0] * 3 + [2.0] * 3), cfg)
+    assert both.item() == pytest.approx(-3 * 1.28 - 6.0) and stats_dict(st)["tokens"] == 6
+    assert stats_dict(st)["ratio_ones"] == 3 and stats_dict(st)["ratio_max"] == pytest.approx(1.5)
     assert normalizer([3, 5], LossSection()) == 8 and normalizer([3, 5], LossSection(aggregation="seq-mean-token-sum")) == 2
 
 
@@ -256,3 +266,26 @@ def test_free_bitcheck_is_the_rescored_step_bit_for_bit(tmp_path):
     assert a == b and all(torch.equal(x, y) for x, y in zip(wa, wb))
     with pytest.raises(ValueError, match="updates_per_batch is 2"):
         Trainer(model, TrainSection(updates_per_batch=2)).train_checked(samples)
+
+
+@pytest.mark.gpu
+def test_gpu_update_is_deterministic(tmp_path):
+    """Two trainers from the same checkpoint, given the same batch, end with the same weights bit for
+    bit on the GPU: the backward's kernels are deterministic (embedding gradient sorted by token, the
+    attention reference's memory-efficient backward under PyTorch's deterministic algorithms, fused
+    AdamW). Repeated tokens make the embedding gradient add several rows into one."""
+    path = save(hf_model("qwen2"), tmp_path)
+    shas = []
+    for _ in range(2):
+        model = load_model(path, "detent", device="cuda", dtype=torch.bfloat16, **LIMITS)
+        samples = _rollout(model)
+        for s, a in zip(samples, (1.0, -1.0, 0.5, 0.0, 2.0, -2.0)):
+            s.advantage = a
+            s.tokens = s.tokens[:3] * 4 + s.tokens[12:]  # many repeats of three tokens in the prompt
+            s.num_prompt = len(s.tokens) - len(s.rollout_logprobs)
+        trainer = Trainer(model, TrainSection(lr=1e-3, micro_batch_size=2))
+        for s, o in zip(samples, trainer.rescore(samples)):
+            s.rollout_logprobs = o.tolist()
+        trainer.train(samples, trainer.rescore(samples))
+        shas.append(weights_sha256(model))
+    assert shas[0] == shas[1]

@@ -44,17 +44,24 @@ def normalizer(lengths: Sequence[int], cfg: LossSection) -> int:
     return sum(lengths) if cfg.aggregation == "token-mean" else len(lengths)
 
 
-def sequence_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, logp_rollout: torch.Tensor, advantage: float,
-                  cfg: LossSection, logp_ref: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict]:
-    """(sum of this sequence's loss_t, token statistics); all 1-D fp32 over its completion."""
+STATS = ("ratio_sum", "ratio_min", "ratio_max", "ratio_ones", "clipped", "kl_sum", "tokens")
+
+
+def tokens_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, logp_rollout: torch.Tensor,
+                advantage: float | torch.Tensor, cfg: LossSection, logp_ref: Optional[torch.Tensor] = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of loss_t over the tokens, their statistics): 1-D fp32 logprobs over the completion tokens of
+    one sequence or of a whole micro-batch's sequences end to end, `advantage` a number or one value per
+    token. The statistics stay on the device, a float64 vector in `STATS` order (`stats_dict` reads it),
+    so a micro-batch costs no synchronisation with the device."""
     ratio = torch.exp(logp_new - logp_old)
-    a = torch.as_tensor(advantage, dtype=ratio.dtype, device=ratio.device)
+    a = torch.as_tensor(advantage, dtype=ratio.dtype).to(ratio.device, non_blocking=True)
     clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     pg = -torch.minimum(ratio * a, clipped * a)
     if cfg.tis_cap is not None:
         pg = pg * torch.exp(logp_old - logp_rollout).clamp(max=cfg.tis_cap).detach()
     loss = pg
-    kl = torch.zeros_like(pg)
+    kl = None
     if cfg.kl_coef:
         if logp_ref is None:
             raise ValueError("kl_coef > 0 needs the reference model's logprobs")
@@ -62,7 +69,17 @@ def sequence_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, logp_rollout: 
         kl = -d if cfg.kl_estimator == "k1" else torch.exp(d) - d - 1.0
         loss = loss + cfg.kl_coef * kl
     with torch.no_grad():
-        stats = {"ratio_sum": ratio.sum().item(), "ratio_min": ratio.min().item(), "ratio_max": ratio.max().item(),
-                 "ratio_ones": int((ratio == 1.0).sum().item()),
-                 "clipped": int((ratio != clipped).sum().item()), "kl_sum": kl.sum().item(), "tokens": ratio.numel()}
+        r = ratio.detach().double()
+        zero = r.new_zeros(())
+        stats = torch.stack([r.sum(), r.min(), r.max(), (ratio == 1.0).sum().double(),
+                             (ratio != clipped).sum().double(), kl.detach().double().sum() if kl is not None else zero,
+                             zero + ratio.numel()])
     return loss.sum(), stats
+
+
+def stats_dict(stats: torch.Tensor) -> dict:
+    """`tokens_loss`'s statistics vector by name (one device read), counts as ints."""
+    values = dict(zip(STATS, stats.tolist()))
+    for key in ("ratio_ones", "clipped", "tokens"):
+        values[key] = int(values[key])
+    return values

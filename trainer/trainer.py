@@ -25,8 +25,9 @@ import torch
 
 from detent_rl.config import TrainSection
 from detent_rl.models.model import CausalLM
+from detent_rl.kernels.attention import device_tensor
 from detent_rl.models.runner import completion_logprobs
-from detent_rl.trainer.grpo import normalizer, sequence_loss
+from detent_rl.trainer.grpo import normalizer, stats_dict, tokens_loss
 
 
 @dataclass
@@ -92,6 +93,36 @@ def micro_batches(lengths: list[int], max_seqs: int, max_tokens: int, items: lis
     return runs
 
 
+class _FlatGrads:
+    """The step's gradients in flat buffers: each compute weight's `.grad` is a view of one buffer per
+    dtype (autograd accumulates into an existing `.grad` in place, as DDP's bucket views rely on), and
+    each fp32 master's `.grad` a view of one fp32 buffer; `accumulate` adds a micro-batch's into the
+    masters' (one kernel per dtype) and clears it."""
+
+    def __init__(self, params: list[torch.nn.Parameter], masters: list[torch.nn.Parameter]) -> None:
+        self.pairs = []
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for i, p in enumerate(params):
+            by_dtype.setdefault(p.dtype, []).append(i)
+        for members in by_dtype.values():
+            size = sum(params[i].numel() for i in members)
+            flat = torch.zeros(size, dtype=params[members[0]].dtype, device=params[members[0]].device)
+            flat_master = torch.zeros(size, dtype=torch.float32, device=masters[members[0]].device)
+            at = 0
+            for i in members:
+                n = params[i].numel()
+                params[i].grad = flat[at:at + n].view_as(params[i])
+                masters[i].grad = flat_master[at:at + n].view_as(masters[i])
+                at += n
+            self.pairs.append((flat, flat_master))
+
+    def accumulate(self) -> None:
+        for flat, flat_master in self.pairs:
+            flat_master.add_(flat)
+            flat.zero_()
+
+
+
 def _no_stats() -> dict:
     return {"ratio_sum": 0.0, "ratio_min": math.inf, "ratio_max": -math.inf, "ratio_ones": 0, "clipped": 0,
             "kl_sum": 0.0, "tokens": 0}
@@ -114,8 +145,9 @@ class Trainer:
         self.names = [n for n, _ in model.named_parameters()]  # a tied head appears once
         self.params = [p for _, p in model.named_parameters()]
         self.master = [torch.nn.Parameter(p.detach().float().clone()) for p in self.params]
+        # fused on the GPU (a few kernels for all the weights; deterministic, and the same on resume)
         self.opt = torch.optim.AdamW(self.master, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                     weight_decay=cfg.weight_decay, foreach=False)
+                                     weight_decay=cfg.weight_decay, fused=True if self.master[0].is_cuda else None)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_factor(cfg))
 
     def _micro(self, samples: list[Sample]) -> list[list[Sample]]:
@@ -185,54 +217,65 @@ class Trainer:
     def _update(self, samples: list[Sample], old: Optional[list[torch.Tensor]],
                 seen: Optional[list[torch.Tensor]] = None) -> tuple[float, float, dict]:
         """One optimizer step over `samples`. `old` None: each forward's own logprobs are logp_old,
-        appended (fp32, CPU) to `seen`."""
+        appended (fp32, CPU) to `seen`.
+
+        Nothing in the micro-batch loop waits for the device (the update was bound by the host: one
+        loss and a handful of reads per sequence): each micro-batch's loss is one vectorised call over
+        its tokens, its statistics stay on the device until the step's end, and the gradients land in
+        flat buffers — the compute weights' `.grad` are views of one buffer per dtype (autograd adds
+        into them in place), added into the fp32 masters' flat gradient with one kernel per micro-batch."""
         cfg = self.cfg.loss
         norm = normalizer([len(s.tokens) - s.num_prompt for s in samples], cfg)
-        for mp in self.master:
-            mp.grad = torch.zeros_like(mp)
-        total, agg = 0.0, _no_stats()
+        device = self.master[0].device
+        for i, s in enumerate(samples):
+            if len(s.rollout_logprobs) != len(s.tokens) - s.num_prompt:
+                raise ValueError(f"sample {i} ({s.request_id}): {len(s.rollout_logprobs)} rollout logprobs for "
+                                 f"{len(s.tokens) - s.num_prompt} completion tokens")
+        grads = _FlatGrads(self.params, self.master)
+        losses, stats, kept = [], [], []
         for p in self.params:
             p.requires_grad_(True)
         try:
             at = 0
             for micro in self._micro(samples):
-                new = self._logprobs(self.model, micro)
+                new = torch.cat(self._logprobs(self.model, micro))
                 if old is None:
-                    olds = [n.detach() for n in new]
-                    seen.extend(o.cpu() for o in olds)
+                    logp_old = new.detach()
+                    kept.append(logp_old)
                 else:
-                    olds = old[at:at + len(micro)]
+                    logp_old = torch.cat(old[at:at + len(micro)]).to(device, non_blocking=True)
                 at += len(micro)
-                refs = [None] * len(micro)
+                ref = None
                 if cfg.kl_coef:
                     with torch.no_grad():
-                        refs = self._logprobs(self.ref_model, micro)
-                loss = None
-                for s, n, o, r in zip(micro, new, olds, refs):
-                    o = o.to(n.device)
-                    roll = torch.tensor(s.rollout_logprobs, dtype=torch.float32, device=n.device)
-                    part, st = sequence_loss(n, o, roll, s.advantage, cfg, r)
-                    loss = part if loss is None else loss + part
-                    _merge(agg, st)
+                        ref = torch.cat(self._logprobs(self.ref_model, micro))
+                roll = device_tensor([x for s in micro for x in s.rollout_logprobs], torch.float32, device)
+                lengths = [len(s.rollout_logprobs) for s in micro]
+                adv = device_tensor([s.advantage for s in micro], torch.float32, device).repeat_interleave(
+                    device_tensor(lengths, torch.int64, device), output_size=sum(lengths))
+                loss, st = tokens_loss(new, logp_old, roll, adv, cfg, ref)
                 loss = loss / norm
                 loss.backward()
-                total += loss.item()
-                for mp, p in zip(self.master, self.params):
-                    if p.grad is not None:
-                        mp.grad += p.grad.float()
-                        p.grad = None
+                losses.append(loss.detach())
+                stats.append(st)
+                grads.accumulate()
         finally:
             for p in self.params:
                 p.requires_grad_(False)
                 p.grad = None
+        if seen is not None and kept:
+            seen.extend(torch.cat(kept).cpu().split([len(s.tokens) - s.num_prompt for s in samples]))
+        total = torch.stack(losses).sum().item()
+        agg = _no_stats()
+        for st in torch.stack(stats).cpu():
+            _merge(agg, stats_dict(st))
         clip = self.cfg.grad_clip
         grad_norm = torch.nn.utils.clip_grad_norm_(self.master, clip if clip > 0 else math.inf).item()
         self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
         with torch.no_grad():
-            for p, mp in zip(self.params, self.master):
-                p.copy_(mp)  # round the fp32 master into the compute dtype
+            torch._foreach_copy_(self.params, self.master)  # round the fp32 master into the compute dtype
         return total, grad_norm, agg
 
     # ---- weights and state -------------------------------------------------------------------

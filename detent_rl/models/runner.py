@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from detent_rl.kernels.attention import attn_meta
-from detent_rl.kernels.autograd import token_logprobs_autograd
+from detent_rl.kernels.attention import attn_meta, device_tensor
+from detent_rl.kernels.autograd import token_logprobs_segments_autograd
 from detent_rl.models.context import ForwardContext, KVCache, set_context
 from detent_rl.models.model import CausalLM
 
@@ -46,10 +46,10 @@ def step_inputs(model: CausalLM, caches: list[KVCache], spans: list[Span]
     q_lens, cached = [len(s.tokens) for s in spans], [s.cached for s in spans]
     max_k = max(c + n for c, n in zip(cached, q_lens))
     sel = model.select_attention(len(spans), max(q_lens), len(ids), max_k)
-    meta = attn_meta(q_lens, cached, table.to(device), *model.attention_tiling(sel))
-    ctx = ForwardContext(meta=meta, slots=torch.tensor(slots, dtype=torch.int64, device=device), kv_caches=caches,
+    meta = attn_meta(q_lens, cached, table.to(device, non_blocking=True), *model.attention_tiling(sel))
+    ctx = ForwardContext(meta=meta, slots=device_tensor(slots, torch.int64, device), kv_caches=caches,
                          num_seqs=len(spans), max_seqlen_q=max(q_lens), max_seqlen_k=max_k)
-    return torch.tensor(ids, dtype=torch.int64, device=device), meta.token_pos, ctx
+    return device_tensor(ids, torch.int64, device), meta.token_pos, ctx
 
 
 @torch.inference_mode()
@@ -110,8 +110,8 @@ def completion_logprobs(model: CausalLM, sequences: list[tuple[list[int], int]],
         rows.extend(range(at + n_prompt - 1, at + len(tokens) - 1))
         targets.extend(tokens[n_prompt:])
         at += len(tokens)
-    states = hidden[torch.tensor(rows, device=hidden.device)]
-    ids = torch.tensor(targets, dtype=torch.int64, device=hidden.device)
+    states = hidden[device_tensor(rows, torch.int64, hidden.device)]
+    ids = device_tensor(targets, torch.int64, hidden.device)
     select = model.selections.get("log_softmax")
     segments, at = [], 0  # (first row, rows, selection, temperature) per sequence
     for (tokens, n_prompt), t in zip(sequences, temperatures):
@@ -121,13 +121,12 @@ def completion_logprobs(model: CausalLM, sequences: list[tuple[list[int], int]],
 
     def block(lo: int, hi: int, h: torch.Tensor) -> torch.Tensor:
         """Logprobs of completion rows [lo, hi) from their hidden states h."""
-        logits, parts = model.logits(h), []
+        parts = []  # (first row, rows, block, warps, temperature) of each sequence's rows in the block
         for first, n, cfg, t in segments:
             a, b = max(first, lo), min(first + n, hi)
             if a < b:
-                parts.append(token_logprobs_autograd(logits[a - lo:b - lo], ids[a:b], block=cfg.block,
-                                                     num_warps=cfg.num_warps, temperature=t))
-        return torch.cat(parts)
+                parts.append((a - lo, b - a, cfg.block, cfg.num_warps, t))
+        return token_logprobs_segments_autograd(model.logits(h), ids[lo:hi], parts)
 
     recompute = torch.is_grad_enabled() and states.requires_grad and len(rows) > block_rows
     blocks = []
