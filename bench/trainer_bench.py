@@ -1,5 +1,6 @@
 """Where a GRPO step's trainer time goes: rescore, the update (grad-enabled forward, loss, backward,
-AdamW), and the weight sync (digest on the trainer, the copy into the engine, digest there).
+AdamW), and the weight sync (digest on the trainer, the copy into the engine, digest there) by each
+transport: one process (device tensors), two processes on one GPU (CUDA IPC), host copies.
 
     python bench/trainer_bench.py [--model qwen2-0.5b|tiny|smollm2-135m-instruct|PATH] [--arm detent]
         [--seqs 64] [--prompt 100] [--completion 32] [--micro 16] [--repeats 3] [--profile]
@@ -14,8 +15,12 @@ update, by self CPU time and by device time.
 from __future__ import annotations
 
 import argparse
+import pickle
 import random
 import statistics
+import struct
+import subprocess
+import sys
 import time
 
 import torch
@@ -33,16 +38,73 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+PEAKS: dict[int, tuple[float, float]] = {}  # id(fn) -> (GB at the phase's peak, GB above its start)
+
+
 def timed(fn, repeats: int) -> float:
+    """Median seconds of `fn` after one warm-up; on the GPU its memory peak goes into PEAKS."""
     fn()
     times = []
+    if torch.cuda.is_available():
+        sync()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
     for _ in range(repeats):
         sync()
         t = time.perf_counter()
         fn()
         sync()
         times.append(time.perf_counter() - t)
+    if torch.cuda.is_available():
+        peak = torch.cuda.max_memory_allocated()
+        PEAKS[id(fn)] = (peak / 2**30, (peak - start) / 2**30)
     return statistics.median(times)
+
+
+_ENGINE = """
+import pickle, struct, sys, time, torch
+from detent_rl.models.weights import weights_digest
+mine = None
+while True:
+    head = sys.stdin.buffer.read(8)
+    if len(head) < 8:
+        break
+    blob = sys.stdin.buffer.read(struct.unpack("<Q", head)[0])
+    t = time.perf_counter()
+    update = pickle.loads(blob)  # maps the trainer's memory (CUDA IPC)
+    mine = mine or {n: torch.empty_like(v) for n, v in update.weights.items()}
+    for n, v in update.weights.items():
+        mine[n].copy_(v)
+    ok = weights_digest(mine) == update.digest
+    del update
+    torch.cuda.synchronize()
+    print(time.perf_counter() - t, ok, flush=True)
+"""
+
+
+def ipc_sync(trainer: TrainerWorker, repeats: int) -> tuple[float, float]:
+    """The sync between two processes on this GPU by CUDA IPC (`TrainerWorker.weights("ipc")`, pickled as
+    Ray would): median seconds on the trainer's side (digest, handles, pickle) and on an engine
+    process's (open the handles, copy device to device, digest)."""
+    child = subprocess.Popen([sys.executable, "-P", "-c", _ENGINE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=False)
+    sides = []
+    try:
+        for _ in range(repeats + 1):
+            sync()
+            t = time.perf_counter()
+            blob = pickle.dumps(trainer.weights("ipc"))
+            here = time.perf_counter() - t
+            child.stdin.write(struct.pack("<Q", len(blob)) + blob)
+            child.stdin.flush()
+            there, ok = child.stdout.readline().split()
+            if ok != b"True":
+                raise RuntimeError("the engine process's digest differs from the trainer's")
+            sides.append((here, float(there)))
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+    sides = sides[1:]  # the first opens the handles and warms up
+    return statistics.median(s[0] for s in sides), statistics.median(s[1] for s in sides)
 
 
 def stock_update(path: str, samples: list[Sample], micro: int, device: str, repeats: int) -> float:
@@ -69,7 +131,7 @@ def stock_update(path: str, samples: list[Sample], micro: int, device: str, repe
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return timed(update, repeats)
+    return timed(update, repeats), PEAKS.get(id(update))
 
 
 def main() -> None:
@@ -97,29 +159,35 @@ def main() -> None:
     old = trainer.rescore(samples)
     for s, o in zip(samples, old):
         s.rollout_logprobs = o.tolist()
-    rows = {"rescore": timed(lambda: trainer.rescore(samples), args.repeats),
-            "update": timed(lambda: trainer.train(samples, old), args.repeats)}
+    rescore, update = (lambda: trainer.rescore(samples)), (lambda: trainer.train(samples, old))
+    rows = {"rescore": timed(rescore, args.repeats), "update": timed(update, args.repeats)}
+    peaks = {"rescore": PEAKS.get(id(rescore)), "update": PEAKS.get(id(update))}
     rollout = RolloutWorker(spec, RolloutSection(num_blocks=8, max_num_seqs=8, chunk_size=256, cuda_graphs="off"))
     # the weight sync, both ways the driver makes it (detent_rl.train.sync_weights): in one process the
     # engine copies the trainer's device tensors; between Ray actors host copies travel
     rows["sync in one process: digest, device-to-device copy, digest"] = timed(
-        lambda: rollout.update_weights(trainer.weights(on_device=True)), args.repeats)
+        lambda: rollout.update_weights(trainer.weights("device")), args.repeats)
     rows["sync between processes: digest + host copies (trainer)"] = timed(trainer.weights, args.repeats)
     update = trainer.weights()
     rows["sync between processes: copy in + digest (engine)"] = timed(lambda: rollout.update_weights(update),
                                                                       args.repeats)
+    if args.device == "cuda":
+        here, there = ipc_sync(trainer, args.repeats)
+        rows["sync between processes on one GPU, CUDA IPC: digest + handles (trainer)"] = here
+        rows["sync between processes on one GPU, CUDA IPC: open + device copy + digest (engine)"] = there
     rows["for comparison: weights_sha256 of the compute weights (the former check)"] = timed(
         lambda: weights_sha256(trainer.trainer.compute_weights(on_device=True)), args.repeats)
     if not args.no_stock:  # same checkpoint, samples and micro-batches, in this process
-        rows["stock trainer: update (transformers, bf16 autocast, SDPA, cuBLAS, AdamW)"] = stock_update(
-            path, samples, args.micro, args.device, args.repeats)
+        name = "stock trainer: update (transformers, bf16 autocast, SDPA, cuBLAS, AdamW)"
+        rows[name], peaks[name] = stock_update(path, samples, args.micro, args.device, args.repeats)
     tokens = args.seqs * length
     print(f"{args.model}, {args.arm}, {args.device}: {args.seqs} sequences x ({args.prompt} prompt + "
           f"{args.completion} completion) tokens, micro-batches of {args.micro}")
-    print("| phase | s | tokens/s |\n|---|---|---|")
+    print("| phase | s | tokens/s | GPU memory at the peak, GB (above the phase's start) |\n|---|---|---|---|")
     for name, s in rows.items():
         rate = f"{tokens / s:,.0f}" if name in ("rescore", "update") or "update (" in name else ""
-        print(f"| {name} | {s:.3f} | {rate} |")
+        peak = f"{peaks[name][0]:.1f} (+{peaks[name][1]:.1f})" if peaks.get(name) else ""
+        print(f"| {name} | {s:.3f} | {rate} | {peak} |")
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])

@@ -99,12 +99,21 @@ def run(recipe: Recipe, resume: Optional[str] = None) -> int:
     return 0
 
 
-def sync_weights(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup) -> str:
+def sync_transport(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup) -> str:
+    """How the weights travel (`TrainerWorker.weights`): in one process the engine takes the trainer's
+    device tensors ("device"); Ray actors on one GPU (the same device UUID) pass CUDA IPC handles
+    ("ipc"), and the engine copies device to device; otherwise host copies ("host")."""
+    if recipe.ray.mode == "inline":
+        return "device"
+    (mine,) = trainer.call("device_uuid")
+    return "ipc" if mine is not None and all(u == mine for u in rollout.call("device_uuid")) else "host"
+
+
+def sync_weights(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup, transport: str | None = None) -> str:
     """The trainer's compute weights into every engine, checked there by digest (`RolloutWorker.
-    update_weights`); the digest's hex. In one process the engine takes the trainer's device tensors
-    (a device-to-device copy); Ray actors pass host copies from the trainer's worker to the engines'."""
-    (digest,) = set(rollout.call("update_weights", *trainer.async_call("weights",
-                                                                        on_device=recipe.ray.mode == "inline")))
+    update_weights`); the digest's hex. `transport`: `sync_transport`'s choice (asked for when None)."""
+    transport = transport or sync_transport(recipe, rollout, trainer)
+    (digest,) = set(rollout.call("update_weights", *trainer.async_call("weights", transport)))
     return digest
 
 

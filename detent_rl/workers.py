@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from detent_rl.config import RolloutSection, TrainSection
+from detent_rl.ipc import CudaIpcTensors, device_uuid
 from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.models import load_model
 from detent_rl.models.model import CausalLM
@@ -73,6 +74,9 @@ class Completion:
     num_cached: int  # prompt tokens served from the prefix cache
 
 
+TRANSPORTS = ("host", "device", "ipc")
+
+
 @dataclass(frozen=True)
 class WeightUpdate:
     """The trainer's compute weights by the model's own names, and their `weights_digest`."""
@@ -107,6 +111,11 @@ class RolloutWorker:
                                f"{got.hex} vs {update.digest.hex})")
         return got.hex
 
+    def device_uuid(self) -> str | None:
+        """The UUID of the engine's GPU (None on the CPU)."""
+        device = next(self.model.parameters()).device
+        return device_uuid(device.index) if device.type == "cuda" else None
+
     def commitment(self) -> CommitmentTuple:
         """Every call site's pins and knobs as this engine runs them (defaults included)."""
         return self.model.selections.resolved()
@@ -130,12 +139,24 @@ class TrainerWorker:
     def train_checked(self, samples: list[Sample]) -> tuple[TrainStats, list[torch.Tensor]]:
         return self.trainer.train_checked(samples)
 
-    def weights(self, on_device: bool = False) -> WeightUpdate:
-        """The compute weights and their digest (taken on the device, before any copy); `on_device`: the
-        live tensors, for a rollout worker in this process (see `Trainer.compute_weights`)."""
+    def weights(self, transport: str = "host") -> WeightUpdate:
+        """The compute weights and their digest (taken on the device, before any copy), for the engine to
+        copy in and check. `transport`: "host" copies (between processes on different devices), "device"
+        (the live tensors themselves, for an engine in this process: see `Trainer.compute_weights`), or
+        "ipc" (the live tensors as CUDA IPC handles, for an engine's process on the same GPU)."""
+        if transport not in TRANSPORTS:
+            raise ValueError(f"weights: transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
         live = self.trainer.compute_weights(on_device=True)
         digest = weights_digest(live)
-        return WeightUpdate(live if on_device else {n: t.cpu() for n, t in live.items()}, digest)
+        if transport == "host":
+            return WeightUpdate({n: t.cpu() for n, t in live.items()}, digest)
+        return WeightUpdate(CudaIpcTensors(live) if transport == "ipc" else live, digest)
+
+    def device_uuid(self) -> str | None:
+        """The UUID of the GPU holding the weights (None on the CPU): the driver syncs by IPC when the
+        engine's is the same."""
+        device = self.trainer.master[0].device
+        return device_uuid(device.index) if device.type == "cuda" else None
 
     def commitment(self) -> CommitmentTuple:
         return self.model.selections.resolved()

@@ -81,10 +81,74 @@ def test_the_rollout_worker_refuses_a_changed_update(tmp_path):
         worker.update_weights(WeightUpdate(damaged, weights_digest(sent)))
 
 
+def test_the_triton_pass_is_the_definition_interpreted():
+    """kernels/digest.py (the GPU's method) under Triton's CPU interpreter, with programs of a few
+    words so that tensors span several: the definition's value, and a flipped bit caught and named."""
+    from interpreted import run_interpreted
+    proc = run_interpreted("""
+import torch
+import detent_rl.kernels.digest as D
+from detent_rl.models.weights import weights_digest
+from test_weights_digest import _python_digest, _weights
+D.WORDS_PER_PROGRAM, D.BLOCK = 32, 8
+w = {**_weights(), "f": torch.arange(300, dtype=torch.int32)}
+d = weights_digest(w, key=7, method="triton")
+want = _python_digest(w, 7)
+assert all(e.endswith(want[n]) for n, e in d.tensors), "not the definition"
+assert d == weights_digest(w, key=7, method="torch")
+bad = w["f"].clone()
+bad.view(torch.uint8)[1001] ^= 4
+assert weights_digest({**w, "f": bad}, key=7, method="triton").differing(d) == ["f"]
+print("ok")
+""")
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
 @pytest.mark.gpu
 def test_gpu_digest_equals_the_cpu_digest():
     if not torch.cuda.is_available():
         pytest.skip("no GPU")
     w = _weights()
-    big = {"big": torch.randn(3000, 1001).bfloat16(), **w}  # several passes on the device
-    assert weights_digest({k: v.cuda() for k, v in big.items()}) == weights_digest(big)
+    # several passes and many programs on the device; an odd byte count (padded words)
+    big = {"big": torch.randn(3000, 1001).bfloat16(), "odd": torch.randn(7).half(), **w}
+    on_gpu = {k: v.cuda() for k, v in big.items()}
+    cpu = weights_digest(big)
+    assert weights_digest(on_gpu) == cpu and weights_digest(on_gpu, method="torch") == cpu
+    bad = on_gpu["big"].clone()
+    bad.view(-1).view(torch.uint8)[4_000_001] ^= 1
+    assert weights_digest({**on_gpu, "big": bad}).differing(cpu) == ["big"]
+
+
+def test_ipc_transport_refuses_host_tensors():
+    from detent_rl.ipc import CudaIpcTensors
+    with pytest.raises(ValueError, match="not on a GPU: b"):
+        CudaIpcTensors({"b": torch.zeros(2)})
+
+
+_IPC_CHILD = """
+import pickle, sys, torch
+from detent_rl.models.weights import weights_digest
+update = pickle.loads(sys.stdin.buffer.read())
+mine = {n: torch.empty_like(t).copy_(t) for n, t in update.weights.items()}  # device to device
+print(weights_digest(mine).hex, weights_digest(mine) == update.digest, next(iter(update.weights.values())).is_cuda)
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_weights_cross_processes_by_cuda_ipc():
+    """A trainer worker's update with the "ipc" transport, pickled as Ray would, opened by another
+    process on the same GPU: the tensors arrive on the GPU without a host copy and digest to the
+    trainer's value; a host-copy update pickles to the tensors' bytes (the control: over 100x larger)."""
+    import pickle
+    import subprocess
+    import sys
+    from detent_rl.ipc import CudaIpcTensors
+    from detent_rl.workers import WeightUpdate
+    w = {k: v.cuda() for k, v in {"big": torch.randn(2000, 1000).bfloat16(), **_weights()}.items() if v.numel()}
+    update = WeightUpdate(CudaIpcTensors(w), weights_digest(w))
+    blob = pickle.dumps(update)
+    host = pickle.dumps(WeightUpdate({k: v.cpu() for k, v in w.items()}, update.digest))
+    assert len(blob) * 100 < len(host)
+    proc = subprocess.run([sys.executable, "-P", "-c", _IPC_CHILD], input=blob, capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert proc.stdout.decode().split() == [update.digest.hex, "True", "True"]

@@ -17,6 +17,9 @@ from typing import Mapping
 
 import torch
 
+from detent_rl.kernels._triton import interpreting
+from detent_rl.kernels.digest import lane_sums
+
 
 def weights_sha256(named: Mapping[str, torch.Tensor] | torch.nn.Module) -> str:
     """sha256 over (name, dtype, shape, sha256 of the bytes) of every weight in name order.
@@ -116,17 +119,45 @@ class WeightsDigest:
         return sorted(n for n in set(a) | set(b) if a.get(n) != b.get(n))
 
 
-def weights_digest(named: Mapping[str, torch.Tensor] | torch.nn.Module, key: int = DEFAULT_KEY) -> WeightsDigest:
-    """The keyed 128-bit digest of every weight (see above), computed on the weights' device: the words
-    of all tensors stream through passes of about CHUNK_WORDS words; in a pass each lane's images are
-    summed by one running sum (integer: its order does not matter), read at the end of each tensor's
-    piece. One copy to the host at the end, 16 bytes a tensor."""
+def weights_digest(named: Mapping[str, torch.Tensor] | torch.nn.Module, key: int = DEFAULT_KEY,
+                   method: str | None = None) -> WeightsDigest:
+    """The keyed 128-bit digest of every weight (see above), computed on the weights' device, with one
+    copy to the host at the end (16 bytes a tensor). `method` "triton" (the default on the GPU): one
+    pass over each tensor's words in kernels/digest.py; "torch" (the CPU's): the words of all tensors
+    stream through passes of about CHUNK_WORDS words, each lane's images summed by one running sum
+    read at the end of each tensor's piece. Both give the same value (integer sums)."""
+    if method not in (None, "triton", "torch"):
+        raise ValueError(f"weights_digest: method must be 'triton' or 'torch', not {method!r}")
     items = dict(named.named_parameters()) if isinstance(named, torch.nn.Module) else dict(named)
     names = sorted(items)
     if not names:
         return WeightsDigest((), key)
     device = items[names[0]].device
+    for n in names:
+        if items[n].device != device:
+            raise ValueError(f"weights_digest: {n} is on {items[n].device}, the others on {device}")
     lanes = _lanes(key)
+    if method is None:
+        method = "triton" if device.type == "cuda" else "torch"
+    if method == "triton":
+        if device.type != "cuda" and not interpreting():
+            raise ValueError(f"weights_digest: the triton method needs CUDA tensors (these are on {device})")
+        sums = lane_sums([_words(items[n]) for n in names], lanes)  # one pass, kernels/digest.py
+    else:
+        sums = _lane_sums_torch(items, names, lanes, device)
+    lane_sums_host = sums.cpu().tolist()
+    entries = []
+    for i, n in enumerate(names):
+        t = items[n]
+        bits = "".join(f"{lane_sums_host[j][i] & _M64:016x}" for j in range(len(lanes)))
+        entries.append((n, f"{t.dtype}|{tuple(t.shape)}|{t.numel() * t.element_size()}|{bits}"))
+    return WeightsDigest(tuple(entries), key)
+
+
+def _lane_sums_torch(items: Mapping[str, torch.Tensor], names: list[str], lanes: tuple[tuple[int, int], ...],
+                     device: torch.device) -> torch.Tensor:
+    """The lane sums [lanes, tensors] by PyTorch element-wise ops (the CPU's path, and the GPU kernel's
+    reference)."""
     sums = torch.zeros((len(lanes), len(names)), dtype=torch.int64, device=device)
     pending: list[tuple[int, int, torch.Tensor]] = []  # (tensor index, first word's position, words)
 
@@ -153,10 +184,7 @@ def weights_digest(named: Mapping[str, torch.Tensor] | torch.nn.Module, key: int
 
     buffered = 0
     for i, n in enumerate(names):
-        t = items[n]
-        if t.device != device:
-            raise ValueError(f"weights_digest: {n} is on {t.device}, the others on {device}")
-        w = _words(t)
+        w = _words(items[n])
         for first in range(0, w.numel(), CHUNK_WORDS):
             piece = w[first:first + CHUNK_WORDS]
             pending.append((i, first, piece))
@@ -165,10 +193,4 @@ def weights_digest(named: Mapping[str, torch.Tensor] | torch.nn.Module, key: int
                 flush()
                 buffered = 0
     flush()
-    lane_sums = sums.cpu().tolist()
-    entries = []
-    for i, n in enumerate(names):
-        t = items[n]
-        bits = "".join(f"{lane_sums[j][i] & _M64:016x}" for j in range(len(lanes)))
-        entries.append((n, f"{t.dtype}|{tuple(t.shape)}|{t.numel() * t.element_size()}|{bits}"))
-    return WeightsDigest(tuple(entries), key)
+    return sums
