@@ -6,10 +6,10 @@ parameters — `torch.autograd.Function.forward` runs it unchanged, without reco
 backward only has to be a correct (and deterministic) gradient, not a bit-exact one. Linear,
 embedding, RMSNorm, SiLU-and-mul, rotary and the token log-softmax have closed forms, a kernel or a
 few tensor ops each from the saved inputs (no reference forward recomputed under autograd: the update
-was bound by the host launching those ops); attention differentiates its PyTorch formula, fp32
-attention over padded batches, taken on the padded tensors themselves. Every backward is
-deterministic (the trainer's resume and its runs repeat bit for bit).
-Each wrapper calls the kernel directly when no input needs a gradient, so inference pays nothing.
+was bound by the host launching those ops); attention differentiates its PyTorch formula (SDPA over
+padded batches), taken on the padded tensors themselves. Every backward is deterministic (the
+trainer's runs and resumes repeat bit for bit). Each wrapper calls the kernel directly when no input
+needs a gradient, so inference pays nothing.
 
 Names: `<op>_autograd` is the op the model layers call. It wraps the kernel launcher `<op>`
 (`kernels/<family>.py`, with its PyTorch reference `<op>_ref`), whose parameters the family's SelIR
@@ -238,27 +238,34 @@ def _padding(lengths: tuple[int, ...], device: torch.device) -> tuple[torch.Tens
 
 
 def _pad(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """[T, h, D] rows -> [B, h, L, D] fp32, pads zero."""
-    return torch.cat([x, x.new_zeros((1, *x.shape[1:]))])[index].float().transpose(1, 2)
+    """[T, h, D] rows -> [B, h, L, D], pads zero; fp32 on the CPU (its 16-bit attention is slow)."""
+    x = torch.cat([x, x.new_zeros((1, *x.shape[1:]))])[index]
+    return (x if x.is_cuda else x.float()).transpose(1, 2)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal fp32 attention of padded [B, H, L, D] batches (k, v repeated up to q's heads). On the GPU
-    the memory-efficient kernel, whose backward is deterministic under PyTorch's deterministic
-    algorithms (`_deterministic`); the math one would need cuBLAS's deterministic workspace setting."""
+    """Causal attention of padded [B, H, L, D] batches (k, v repeated up to q's heads), fp32 inside. On
+    the GPU in the inputs' dtype (fp32 accumulation, P rounded to the value dtype before P @ V, as the
+    forward kernel does): FlashAttention for 16-bit models, the memory-efficient kernel for fp32 ones.
+    Under PyTorch's deterministic algorithms (`_deterministic`) both backwards are deterministic; on the
+    H200 flash's is 2.5x (2,304 tokens) to 12x (8,448) faster than the memory-efficient one's there, and
+    without the setting both differ from run to run (docs/BENCHMARKS.md). The math kernel would need
+    cuBLAS's deterministic workspace setting."""
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION) if q.is_cuda else contextlib.nullcontext():
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    flash = q.dtype in (torch.bfloat16, torch.float16)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION if flash else SDPBackend.EFFICIENT_ATTENTION):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
 
 
 def _attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: list[int], scale: float,
                    score_bytes: int = ATTENTION_REF_SCORE_BYTES) -> torch.Tensor:
-    """Causal attention of each sequence's rows over its own keys (all new in this step), fp32 inside,
-    differentiable by autograd: the formula `_attention_backward` differentiates. Consecutive sequences
-    are padded at their ends into one [B, H, L, D] batch and attended in one causal call per group; pad
-    rows are zeros at the ends, never seen by a real row (they come later), their outputs dropped. The
-    kernel rounds P to the value dtype before P @ V; the gradient ignores that rounding."""
+    """Causal attention of each sequence's rows over its own keys (all new in this step), differentiable
+    by autograd: the formula `_attention_backward` differentiates (`_sdpa`). Consecutive sequences are
+    padded at their ends into one [B, H, L, D] batch and attended in one causal call per group; pad
+    rows are zeros at the ends, never seen by a real row (they come later), their outputs dropped."""
     outs = []
     for a, b in _groups(cu_q, q.shape[1], score_bytes):
         rows = slice(cu_q[a], cu_q[b])

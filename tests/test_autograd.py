@@ -244,3 +244,26 @@ def test_gpu_forward_with_grad_has_the_rollout_bits_and_close_gradients(tmp_path
             if name in got:
                 err = (got[name] - g).norm() / g.norm().clamp(min=1e-12)
                 assert err < 1e-2, f"{name}: relative gradient error {err:.2e}"  # TF32-free, split orders differ
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_gpu_backward_kernels_match_their_pytorch_forms(dtype):
+    """The RMSNorm and SiLU-and-mul backward kernels on the GPU, at the 0.5B/1.5B widths and a
+    micro-batch's rows, against their PyTorch forms on the same device (an ulp or two in bf16)."""
+    import detent_rl.kernels.rmsnorm as R
+    import detent_rl.kernels.silu_and_mul as S
+    g = torch.Generator(device="cuda").manual_seed(0)
+    tol = 1e-5 if dtype == torch.float32 else 2 ** -6
+    for rows, hidden, inter in ((3712, 896, 4864), (517, 1536, 8960)):
+        h, gy, gh = (torch.randn(rows, hidden, generator=g, device="cuda").to(dtype) for _ in range(3))
+        w = torch.randn(hidden, generator=g, device="cuda").to(dtype)
+        for extra in (gh, None):
+            got, want = R._rmsnorm_backward_triton(h, w, gy, extra, 1e-6), R._rmsnorm_backward_torch(h, w, gy, extra, 1e-6)
+            for a, b in zip(got, want):
+                err = (a.float() - b.float()).norm() / b.float().norm()
+                assert err < tol, f"rmsnorm backward {rows}x{hidden}: relative error {err:.2e}"
+        x = torch.randn(rows, 2 * inter, generator=g, device="cuda").to(dtype)
+        gy = torch.randn(rows, inter, generator=g, device="cuda").to(dtype)
+        got, want = S._silu_and_mul_backward_triton(x, gy), S._silu_and_mul_backward_torch(x, gy)
+        assert torch.allclose(got.float(), want.float(), rtol=tol, atol=1e-5)
