@@ -127,6 +127,7 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
                              stop_token_ids=tuple(setup.tokenizer.eos_token_ids)) for t, j in ids]
     outs = rollout.call_one("generate", GenerateRequest([setup.prompts[t.id] for t, _ in ids], params))
     t_rollout = time.perf_counter() - t0
+    t_reward = time.perf_counter()
     samples = []
     for (t, j), p, o in zip(ids, params, outs):
         text = setup.tokenizer.decode(o.tokens[o.num_prompt:])
@@ -136,17 +137,21 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
                                   std=recipe.train.loss.advantage_std)
     for s, a in zip(samples, advantages):
         s.advantage = a
+    t_reward = time.perf_counter() - t_reward
     rollout_lp = [torch.tensor(s.rollout_logprobs, dtype=torch.float32) for s in samples]
     free = recipe.train.free_bitcheck and recipe.train.updates_per_batch == 1
+    t_train, t_rescore = time.perf_counter(), 0.0
     if free:  # the update's own forward is the trainer's side; a mismatch stops before the weights leave it
         stats, old = trainer.call_one("train_checked", samples)
     else:
         old = trainer.call_one("rescore", samples)
+        t_rescore = time.perf_counter() - t_train
     check = bitcheck(step, [s.request_id for s in samples], rollout_lp, old)
     log.bitcheck(check)
     enforce(check, recipe.run.on_mismatch)
     if not free:
         stats = trainer.call_one("train", samples, old)
+    t_train = time.perf_counter() - t_train - t_rescore
     # pi_trainer / pi_rollout per token: exactly 1 when the bits match (what TIS would correct)
     behaviour = torch.exp(torch.cat(old) - torch.cat(rollout_lp))
     t_sync = time.perf_counter()
@@ -157,7 +162,8 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
                "kl_k1": check["kl_k1"], "kl_k3": check["kl_k3"], "max_abs_diff": check["max_abs_diff"],
                "step_time_s": time.perf_counter() - t0, "rollout_time_s": t_rollout,
                "tokens_per_s": new_tokens / t_rollout, "new_tokens": new_tokens, "weights_digest": digest,
-               "weight_sync_s": t_sync,
+               "weight_sync_s": t_sync, "reward_time_s": t_reward, "rescore_time_s": t_rescore,
+               "train_time_s": t_train,
                "rollout_ratio_min": behaviour.min().item(), "rollout_ratio_max": behaviour.max().item(),
                "rollout_ratio_mean": behaviour.mean().item(), "bitcheck_source": "update" if free else "rescore",
                **asdict(stats)}

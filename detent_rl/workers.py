@@ -26,6 +26,7 @@ from detent_rl.models.model import CausalLM
 from detent_rl.models.weights import WeightsDigest, weights_digest
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
+from detent_rl.trainer.stock import StockTrainer
 from detent_rl.trainer.trainer import Sample, Trainer, TrainStats
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -126,6 +127,11 @@ class RolloutWorker:
 
 class TrainerWorker:
     def __init__(self, spec: ModelSpec, train: TrainSection) -> None:
+        if spec.arm == "stock":  # what a user runs instead: transformers' model, autocast, cuBLAS, SDPA
+            self.model = spec.load(device="meta")  # the engine's layout, for the weights it is sent
+            self.trainer: Trainer = StockTrainer(spec.path, self.model, train, spec.device, DTYPES[spec.dtype],
+                                                 spec.max_num_tokens)
+            return
         self.model = spec.load()
         ref = spec.load() if train.loss.kl_coef else None  # frozen reference: the starting weights
         self.trainer = Trainer(self.model, train, ref)

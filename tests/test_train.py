@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMING = {"step_time_s", "rollout_time_s", "tokens_per_s", "weight_sync_s"}  # wall-clock fields differ between runs
+TIMING = {"step_time_s", "rollout_time_s", "tokens_per_s", "weight_sync_s", "reward_time_s", "rescore_time_s",
+          "train_time_s"}  # wall-clock fields differ between runs
 
 RECIPE = """
 run: {{name: t, dir: {dir}, arm: {arm}, device: cpu}}

@@ -101,6 +101,13 @@ class _FlatGrads:
 
     def __init__(self, params: list[torch.nn.Parameter], masters: list[torch.nn.Parameter]) -> None:
         self.pairs = []
+        if params is masters:  # fp32 weights that are their own masters (StockTrainer): autograd accumulates
+            flat = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32, device=params[0].device)
+            at = 0
+            for p in params:
+                p.grad = flat[at:at + p.numel()].view_as(p)
+                at += p.numel()
+            return
         by_dtype: dict[torch.dtype, list[int]] = {}
         for i, p in enumerate(params):
             by_dtype.setdefault(p.dtype, []).append(i)
@@ -262,7 +269,8 @@ class Trainer:
         finally:
             for p in self.params:
                 p.requires_grad_(False)
-                p.grad = None
+                if self.params is not self.master:  # the masters keep theirs for the step
+                    p.grad = None
         if seen is not None and kept:
             seen.extend(torch.cat(kept).cpu().split([len(s.tokens) - s.num_prompt for s in samples]))
         total = torch.stack(losses).sum().item()
@@ -274,8 +282,9 @@ class Trainer:
         self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            torch._foreach_copy_(self.params, self.master)  # round the fp32 master into the compute dtype
+        if self.params is not self.master:
+            with torch.no_grad():
+                torch._foreach_copy_(self.params, self.master)  # round the fp32 master into the compute dtype
         return total, grad_norm, agg
 
     # ---- weights and state -------------------------------------------------------------------

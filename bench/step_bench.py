@@ -1,0 +1,65 @@
+"""The GRPO step side by side: one recipe run in each arm, phase by phase, as ratios to the stock arm.
+
+    python3 bench/step_bench.py RECIPE [--arms detent,stock] [--steps 4] [--out DIR] [key=value ...]
+
+Each arm is a fresh `python -m detent_rl.train RECIPE run.arm=ARM ...` (the run's own driver, workers
+and logs; the stock arm is the honest stock pipeline: the stock engine arm and `trainer.stock`'s
+transformers trainer, with `run.on_mismatch: warn`), checkpoints off, the given overrides on top
+(e.g. `rollout.prompts_per_step=32 rollout.samples_per_prompt=8`). From each run's metrics.jsonl, the
+median over the steps after the first (the first compiles kernels and captures graphs) of each phase:
+rollout, rewards, rescore (0 with the free bit-check), update (the free check included), weight sync,
+the whole step; then the share of tokens whose logprobs matched the rollout's bit for bit.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PHASES = (("rollout", "rollout_time_s"), ("rewards", "reward_time_s"), ("rescore", "rescore_time_s"),
+          ("update (with the free check)", "train_time_s"), ("weight sync", "weight_sync_s"), ("step", "step_time_s"))
+
+
+def run_arm(recipe: str, arm: str, steps: int, out: Path, overrides: list[str]) -> list[dict]:
+    run_dir = out / arm
+    cmd = [sys.executable, "-P", "-m", "detent_rl.train", recipe, f"run.arm={arm}", f"train.steps={steps}",
+           f"run.dir={run_dir}", "checkpoint.every=0", "log.progress=false", *overrides]
+    if arm == "stock":
+        cmd.append("run.on_mismatch=warn")
+    print("$ " + " ".join(cmd[1:]), flush=True)
+    subprocess.run(cmd, check=True)
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("recipe")
+    ap.add_argument("overrides", nargs="*", help="recipe overrides, key=value")
+    ap.add_argument("--arms", default="detent,stock")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--out", help="where the runs go (default: a temporary folder)")
+    args = ap.parse_intermixed_args()
+    if args.steps < 2:
+        ap.error("--steps must be at least 2: the first step is a warm-up")
+    out = Path(args.out or tempfile.mkdtemp(prefix="step_bench_"))
+    arms = args.arms.split(",")
+    runs = {arm: run_arm(args.recipe, arm, args.steps, out, args.overrides) for arm in arms}
+    med = {arm: {key: statistics.median(m.get(key, 0.0) for m in rows[1:]) for _, key in PHASES}
+           for arm, rows in runs.items()}
+    base = "stock" if "stock" in arms else arms[0]
+    print(f"\n{args.recipe} {' '.join(args.overrides)}: median s over steps 2-{args.steps}")
+    print("| phase | " + " | ".join(arms) + " | " + " | ".join(f"{a} / {base}" for a in arms if a != base) + " |")
+    print("|---" * (1 + len(arms) + len(arms) - 1) + "|")
+    for name, key in PHASES:
+        ratios = [f"{med[a][key] / med[base][key]:.2f}x" if med[base][key] else "—" for a in arms if a != base]
+        print(f"| {name} | " + " | ".join(f"{med[a][key]:.3f}" for a in arms) + " | " + " | ".join(ratios) + " |")
+    print("| tokens bit-equal to the rollout | " + " | ".join(
+        f"{100 * statistics.mean(m['bit_match'] for m in runs[a]):.1f} %" for a in arms) + " |" + " |" * (len(arms) - 1))
+
+
+if __name__ == "__main__":
+    main()
