@@ -58,7 +58,7 @@ def weights_sha256(named: Mapping[str, torch.Tensor] | torch.nn.Module) -> str:
 _M64 = (1 << 64) - 1
 _FMIX = (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53)
 DEFAULT_KEY = 0x5EED_DE7E_57_2026
-CHUNK_WORDS = 1 << 23  # words hashed per pass (64 MB): bounds the temporaries
+CHUNK_WORDS = 1 << 20  # words hashed per pass (8 MB): bounds the temporaries, and on the CPU keeps them in cache (3x)
 
 
 def _signed(v: int) -> int:
@@ -78,17 +78,18 @@ def _lanes(key: int) -> tuple[tuple[int, int], ...]:
     return tuple((_signed(fmix(key + 2 * j + 1)), _signed(fmix(key + 2 * j + 2) | 1)) for j in range(2))
 
 
-def _shr(h: torch.Tensor, s: int) -> torch.Tensor:
-    """Logical shift right of int64 words (torch's >> is arithmetic)."""
-    return (h >> s) & ((1 << (64 - s)) - 1)
-
-
-def _fmix64(h: torch.Tensor) -> torch.Tensor:
-    h = h ^ _shr(h, 33)
-    h = h * _signed(_FMIX[0])
-    h = h ^ _shr(h, 33)
-    h = h * _signed(_FMIX[1])
-    return h ^ _shr(h, 33)
+def _fmix64_(h: torch.Tensor) -> torch.Tensor:
+    """fmix64 of int64 words, in place (returns h). torch's >> is arithmetic: the logical shift by 33 is
+    the arithmetic one with the sign's copies masked off. In place and with one scratch tensor: on the
+    CPU the allocating form took 6x as long."""
+    scratch = torch.empty_like(h)
+    for factor in (_signed(_FMIX[0]), _signed(_FMIX[1]), None):
+        torch.bitwise_right_shift(h, 33, out=scratch)
+        scratch &= (1 << 31) - 1
+        h ^= scratch
+        if factor is not None:
+            h *= factor
+    return h
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
@@ -178,7 +179,9 @@ def _lane_sums_torch(items: Mapping[str, torch.Tensor], names: list[str], lanes:
         ids = torch.tensor([i for i, _, _ in pending], device=device)
         for lane, (k, step) in enumerate(lanes):
             # each piece's sum from a running sum read at the pieces' ends: a scan, not atomics on one slot
-            edges = _fmix64((words ^ k) + pos * step).cumsum(0)[ends]
+            h = torch.bitwise_xor(words, k)
+            h += pos * step
+            edges = _fmix64_(h).cumsum(0)[ends]
             sums[lane].index_add_(0, ids, torch.diff(edges, prepend=edges.new_zeros(1)))
         pending.clear()
 
