@@ -289,3 +289,15 @@ def test_gpu_update_is_deterministic(tmp_path):
         trainer.train(samples, trainer.rescore(samples))
         shas.append(weights_sha256(model))
     assert shas[0] == shas[1]
+
+
+def test_a_sample_whose_rollout_logprobs_do_not_fit_is_refused_by_name(tmp_path):
+    """A micro-batch's tokens go end to end through one loss: a sample with too few or too many
+    rollout logprobs would shift every later one, so the update refuses it first, naming it."""
+    path = save(hf_model("qwen2"), tmp_path)
+    model = load_model(path, "detent", dtype=torch.float32, **LIMITS)
+    samples = _rollout(model)
+    trainer = Trainer(model, TrainSection(lr=1e-3, micro_batch_size=6))
+    samples[2].rollout_logprobs = samples[2].rollout_logprobs[:-1]
+    with pytest.raises(ValueError, match="sample 2 \\(r2\\): 5 rollout logprobs for 6 completion tokens"):
+        trainer.train_checked(samples)
