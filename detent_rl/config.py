@@ -128,6 +128,11 @@ class TrainSection:
     # forwards run on updated weights, so only a rescore checks every token)
     free_bitcheck: bool = True
     updates_per_batch: int = 1  # optimiser steps per rollout batch (it is split into that many minibatches)
+    # with more than one update per batch, GRPO's logp_old: "rescore" (a pass over the batch before the
+    # first update: every token bit-checked) or "rollout" (the rollout's own logprobs, no rescore pass:
+    # only the first minibatch's tokens are checked, by its update's forward, which runs on the
+    # rollout's weights; the later minibatches' forwards run on updated weights and check nothing)
+    old_logprobs: Literal["rescore", "rollout"] = "rescore"
     loss: LossSection = field(default_factory=LossSection)
 
 

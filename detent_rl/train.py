@@ -4,7 +4,10 @@ Each step: generate (rollout group) -> reward -> advantages -> rescore + bit-che
 group) -> weight sync (trainer -> rollout directly, a digest checked on both sides) -> log -> checkpoint
 -> eval. With one update per batch (`train.free_bitcheck`, the default) there is no rescore pass: the
 update's own forward runs on the rollout's weights, its logprobs are checked, and a mismatch stops the
-run before the updated weights leave the trainer. A run that stops on a mismatch still writes its report.
+run before the updated weights leave the trainer. With more updates per batch a rescore pass gives
+logp_old and checks every token, or (`train.old_logprobs: rollout`) the rollout's logprobs are logp_old
+and the first minibatch's update forward is checked. A run that stops on a mismatch still writes its
+report.
 """
 from __future__ import annotations
 
@@ -140,20 +143,27 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
     t_reward = time.perf_counter() - t_reward
     rollout_lp = [torch.tensor(s.rollout_logprobs, dtype=torch.float32) for s in samples]
     free = recipe.train.free_bitcheck and recipe.train.updates_per_batch == 1
+    rollout_old = recipe.train.updates_per_batch > 1 and recipe.train.old_logprobs == "rollout"
     t_train, t_rescore = time.perf_counter(), 0.0
     if free:  # the update's own forward is the trainer's side; a mismatch stops before the weights leave it
         stats, old = trainer.call_one("train_checked", samples)
+        source = "update"
+    elif rollout_old:  # no rescore: the first minibatch's update forward is checked (its samples only)
+        stats, old = trainer.call_one("train_rollout_old", samples)
+        source = "first minibatch's update"
     else:
         old = trainer.call_one("rescore", samples)
         t_rescore = time.perf_counter() - t_train
-    check = bitcheck(step, [s.request_id for s in samples], rollout_lp, old)
+        source = "rescore"
+    checked = len(old)
+    check = bitcheck(step, [s.request_id for s in samples[:checked]], rollout_lp[:checked], old)
     log.bitcheck(check)
     enforce(check, recipe.run.on_mismatch)
-    if not free:
+    if not free and not rollout_old:
         stats = trainer.call_one("train", samples, old)
     t_train = time.perf_counter() - t_train - t_rescore
     # pi_trainer / pi_rollout per token: exactly 1 when the bits match (what TIS would correct)
-    behaviour = torch.exp(torch.cat(old) - torch.cat(rollout_lp))
+    behaviour = torch.exp(torch.cat(old) - torch.cat(rollout_lp[:checked]))
     t_sync = time.perf_counter()
     digest = sync_weights(recipe, rollout, trainer)
     t_sync = time.perf_counter() - t_sync
@@ -165,7 +175,8 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
                "weight_sync_s": t_sync, "reward_time_s": t_reward, "rescore_time_s": t_rescore,
                "train_time_s": t_train,
                "rollout_ratio_min": behaviour.min().item(), "rollout_ratio_max": behaviour.max().item(),
-               "rollout_ratio_mean": behaviour.mean().item(), "bitcheck_source": "update" if free else "rescore",
+               "rollout_ratio_mean": behaviour.mean().item(), "bitcheck_source": source,
+               "bitcheck_samples": checked,
                **asdict(stats)}
     if recipe.eval.every and setup.eval_tasks and step % recipe.eval.every == 0:
         metrics["eval_reward"] = evaluate(recipe, setup, rollout)

@@ -145,6 +145,9 @@ class TrainerWorker:
     def train_checked(self, samples: list[Sample]) -> tuple[TrainStats, list[torch.Tensor]]:
         return self.trainer.train_checked(samples)
 
+    def train_rollout_old(self, samples: list[Sample]) -> tuple[TrainStats, list[torch.Tensor]]:
+        return self.trainer.train_rollout_old(samples)
+
     def weights(self, transport: str = "host") -> WeightUpdate:
         """The compute weights and their digest (taken on the device, before any copy), for the engine to
         copy in and check. `transport`: "host" copies (between processes on different devices), "device"

@@ -301,3 +301,31 @@ def test_a_sample_whose_rollout_logprobs_do_not_fit_is_refused_by_name(tmp_path)
     samples[2].rollout_logprobs = samples[2].rollout_logprobs[:-1]
     with pytest.raises(ValueError, match="sample 2 \\(r2\\): 5 rollout logprobs for 6 completion tokens"):
         trainer.train_checked(samples)
+
+
+def test_rollout_logprobs_as_logp_old_is_the_rescored_step_when_the_bits_match(tmp_path):
+    """Several updates per batch without a rescore pass (`train.old_logprobs: rollout`): the rollout's
+    logprobs are logp_old, the first minibatch's forward is returned for the bit-check. With the bits
+    equal it is the rescored step bit for bit (weights and statistics); one rollout logprob off (the
+    control) shows in the check and changes the step."""
+    path = save(hf_model("qwen2"), tmp_path)
+    cfg = TrainSection(lr=1e-3, micro_batch_size=2, updates_per_batch=2)
+    results = []
+    for variant in ("rescore", "rollout", "rollout, one logprob off"):
+        model = load_model(path, "detent", dtype=torch.float32, **LIMITS)
+        samples = _rollout(model)
+        for s, a in zip(samples, (1.0, -1.0, 0.5, 0.0, 2.0, -2.0)):
+            s.advantage = a
+        if variant.endswith("off"):
+            samples[1].rollout_logprobs[2] -= 0.01
+        trainer = Trainer(model, cfg)
+        if variant == "rescore":
+            stats, first = trainer.train(samples, trainer.rescore(samples)), None
+        else:
+            stats, first = trainer.train_rollout_old(samples)
+            assert len(first) == 3  # the first minibatch: half of six samples
+            equal = [f.tolist() == s.rollout_logprobs for f, s in zip(first, samples)]
+            assert equal == ([True, False, True] if variant.endswith("off") else [True] * 3)
+        results.append((stats, weights_sha256(model)))
+    assert results[1] == results[0]
+    assert results[2][1] != results[0][1]

@@ -188,8 +188,18 @@ class Trainer:
             raise ValueError(f"{len(samples)} samples but {len(old_logprobs)} old logprob tensors")
         return self._train(samples, old_logprobs)
 
+    def train_rollout_old(self, samples: list[Sample]) -> tuple[TrainStats, list[torch.Tensor]]:
+        """`updates_per_batch` optimizer steps with the rollout's own logprobs as GRPO's logp_old (no
+        rescore pass). Returns the stats and the first minibatch's forward logprobs (fp32, CPU): its
+        forward runs on the rollout's weights, so those are the bit-check's trainer side for the first
+        minibatch's samples (the caller checks them). With the bits equal, the step is the one
+        `rescore` + `train` takes, bit for bit."""
+        old = [torch.tensor(s.rollout_logprobs, dtype=torch.float32) for s in samples]
+        first: list[torch.Tensor] = []
+        return self._train(samples, old, first, first_only=True), first
+
     def _train(self, samples: list[Sample], old_logprobs: Optional[list[torch.Tensor]],
-               seen: Optional[list[torch.Tensor]] = None) -> TrainStats:
+               seen: Optional[list[torch.Tensor]] = None, first_only: bool = False) -> TrainStats:
         k = self.cfg.updates_per_batch
         size = -(-len(samples) // k)
         stats = _no_stats()
@@ -197,7 +207,7 @@ class Trainer:
         for m in range(0, len(samples), size):
             mb = samples[m:m + size]
             old = None if old_logprobs is None else old_logprobs[m:m + size]
-            loss, norm, mb_stats = self._update(mb, old, seen)
+            loss, norm, mb_stats = self._update(mb, old, seen if m == 0 or not first_only else None)
             losses.append(loss)
             norms.append(norm)
             if first_ratio is None:
@@ -223,8 +233,8 @@ class Trainer:
 
     def _update(self, samples: list[Sample], old: Optional[list[torch.Tensor]],
                 seen: Optional[list[torch.Tensor]] = None) -> tuple[float, float, dict]:
-        """One optimizer step over `samples`. `old` None: each forward's own logprobs are logp_old,
-        appended (fp32, CPU) to `seen`.
+        """One optimizer step over `samples`. `old` None: each forward's own logprobs are logp_old.
+        Each forward's logprobs are appended (fp32, CPU) to `seen` when it is given.
 
         Nothing in the micro-batch loop waits for the device (the update was bound by the host: one
         loss and a handful of reads per sequence): each micro-batch's loss is one vectorised call over
@@ -246,9 +256,10 @@ class Trainer:
             at = 0
             for micro in self._micro(samples):
                 new = torch.cat(self._logprobs(self.model, micro))
+                if seen is not None:
+                    kept.append(new.detach())
                 if old is None:
                     logp_old = new.detach()
-                    kept.append(logp_old)
                 else:
                     logp_old = torch.cat(old[at:at + len(micro)]).to(device, non_blocking=True)
                 at += len(micro)
