@@ -78,3 +78,22 @@ def test_stock_state_round_trip_continues_identically(tmp_path):
     assert a.weights().digest == b.weights().digest
     sa, sb = a.train_checked(samples)[0], b.train_checked(samples)[0]
     assert sa == sb and a.weights().digest == b.weights().digest
+
+
+def test_stock_trainer_turns_dropout_off_and_checkpointing_keeps_the_step(tmp_path):
+    """transformers' model trains in training mode (its layer checkpointing needs it), so dropout is
+    switched off, as TRL's GRPO does: with a dropout-configured checkpoint, two rescores agree bit for bit,
+    and the step with per-layer checkpointing is the step without it."""
+    path = save(hf_model("qwen2", attention_dropout=0.5), tmp_path)
+    engine = RolloutWorker(_spec(path), RolloutSection(prompts_per_step=1, samples_per_prompt=1, max_new_tokens=4))
+    samples = _advantaged(engine.model)
+    steps = []
+    for checkpointing in (False, True):
+        trainer = TrainerWorker(_spec(path), TrainSection(lr=1e-3, micro_batch_size=2,
+                                                         activation_checkpointing=checkpointing))
+        assert trainer.trainer.hf.training
+        first, again = trainer.rescore(samples), trainer.rescore(samples)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+        stats, _ = trainer.train_checked(samples)
+        steps.append((stats, trainer.weights().digest))
+    assert steps[0] == steps[1]

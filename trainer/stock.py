@@ -25,6 +25,17 @@ from detent_rl.models.model import CausalLM
 from detent_rl.trainer.trainer import Sample, Trainer, _lr_factor
 
 
+def _without_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """Every dropout off (as TRL's GRPO does by default): the policy's logprobs are a function of the
+    weights, in training mode too."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+    return model
+
+
 class StockTrainer(Trainer):
     def __init__(self, path: str, layout: CausalLM, cfg: TrainSection, device: str, dtype: torch.dtype,
                  token_budget: int) -> None:
@@ -45,7 +56,7 @@ class StockTrainer(Trainer):
                     hf_logging.enable_progress_bar()
 
         self.cfg, self.layout, self.dtype, self.device = cfg, layout, dtype, torch.device(device)
-        self.hf = self.model = load()
+        self.hf = self.model = _without_dropout(load().train())  # transformers checkpoints in training mode only
         if cfg.activation_checkpointing:
             self.hf.gradient_checkpointing_enable()
         self.ref_model = None
