@@ -57,8 +57,9 @@ class StockTrainer(Trainer):
 
         self.cfg, self.layout, self.dtype, self.device = cfg, layout, dtype, torch.device(device)
         self.hf = self.model = _without_dropout(load().train())  # transformers checkpoints in training mode only
-        if cfg.activation_checkpointing:
-            self.hf.gradient_checkpointing_enable()
+        if cfg.activation_checkpointing:  # the method's name since transformers 5.2x; the older one before
+            enable = getattr(self.hf, "activation_checkpointing_enable", None) or self.hf.gradient_checkpointing_enable
+            enable()
         self.ref_model = None
         if cfg.loss.kl_coef:
             self.ref_model = load().requires_grad_(False)
