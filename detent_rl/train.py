@@ -79,7 +79,8 @@ def run(recipe: Recipe, resume: Optional[str] = None) -> int:
             step = checkpoint.step_of(start)
             trainer.call_one("load_state", start / checkpoint.TRAINER_PART)
             sampler.load_state_dict(checkpoint.load_part(start, checkpoint.DRIVER_PART)["sampler"])
-        sync_weights(recipe, rollout, trainer)  # both sides start from the same bits
+        transport = sync_transport(recipe, rollout, trainer)  # the workers' placement: fixed for the run
+        sync_weights(rollout, trainer, transport)  # both sides start from the same bits
         if recipe.run.arm != "stock":  # stock pins nothing: its selectors read the batch
             record_commitment(run_dir, rollout, trainer)
         with RunLog(run_dir, tensorboard=recipe.log.tensorboard, progress=recipe.log.progress, total_steps=steps,
@@ -87,7 +88,7 @@ def run(recipe: Recipe, resume: Optional[str] = None) -> int:
             try:
                 while step < steps:
                     step += 1
-                    train_step(recipe, setup, rollout, trainer, sampler.next_batch(), step, log)
+                    train_step(recipe, setup, rollout, trainer, sampler.next_batch(), step, log, transport)
                     if recipe.checkpoint.every and (step % recipe.checkpoint.every == 0 or step == steps):
                         save_checkpoint(run_dir, step, trainer, sampler, recipe.checkpoint.keep)
             except MismatchError as e:
@@ -112,16 +113,15 @@ def sync_transport(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup) -
     return "ipc" if mine is not None and all(u == mine for u in rollout.call("device_uuid")) else "host"
 
 
-def sync_weights(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup, transport: str | None = None) -> str:
+def sync_weights(rollout: WorkerGroup, trainer: WorkerGroup, transport: str) -> str:
     """The trainer's compute weights into every engine, checked there by digest (`RolloutWorker.
-    update_weights`); the digest's hex. `transport`: `sync_transport`'s choice (asked for when None)."""
-    transport = transport or sync_transport(recipe, rollout, trainer)
+    update_weights`); the digest's hex. `transport`: `sync_transport`'s choice."""
     (digest,) = set(rollout.call("update_weights", *trainer.async_call("weights", transport)))
     return digest
 
 
 def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: WorkerGroup, tasks: list[Task],
-               step: int, log: RunLog) -> None:
+               step: int, log: RunLog, transport: str) -> None:
     ro = recipe.rollout
     t0 = time.perf_counter()
     ids = [(t, j) for t in tasks for j in range(ro.samples_per_prompt)]
@@ -165,7 +165,7 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
     # pi_trainer / pi_rollout per token: exactly 1 when the bits match (what TIS would correct)
     behaviour = torch.exp(torch.cat(old) - torch.cat(rollout_lp[:checked]))
     t_sync = time.perf_counter()
-    digest = sync_weights(recipe, rollout, trainer)
+    digest = sync_weights(rollout, trainer, transport)
     t_sync = time.perf_counter() - t_sync
     new_tokens = sum(len(s.tokens) - s.num_prompt for s in samples)
     metrics = {"reward_mean": sum(s.reward for s in samples) / len(samples), "bit_match": check["bit_match"],
