@@ -20,7 +20,7 @@ import torch
 
 from detent_rl.config import TrainSection
 from detent_rl.kernels.attention import device_tensor
-from detent_rl.models.loader import _hf_name
+from detent_rl.models.loader import checkpoint_name
 from detent_rl.models.model import CausalLM
 from detent_rl.trainer.trainer import Sample, Trainer, _lr_factor
 
@@ -73,8 +73,8 @@ class StockTrainer(Trainer):
                                      weight_decay=cfg.weight_decay, fused=True if self.device.type == "cuda" else None)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_factor(cfg))
         names = set(self.names)
-        missing = [_hf_name(n, s) for n, p in layout.named_parameters() for s in getattr(p, "shard_ids", (None,))
-                   if _hf_name(n, s) not in names]
+        missing = [checkpoint_name(n, s) for n, p in layout.named_parameters() for s in getattr(p, "shard_ids", (None,))
+                   if checkpoint_name(n, s) not in names]
         if missing:
             raise ValueError(f"the stock trainer's checkpoint {path} lacks the engine's weights {missing[:5]}")
 
@@ -114,7 +114,7 @@ class StockTrainer(Trainer):
         with torch.no_grad():
             for name, p in self.layout.named_parameters():
                 shards: Optional[tuple] = getattr(p, "shard_ids", None)
-                t = torch.cat([hf[_hf_name(name, s)] for s in shards]) if shards else hf[name]
+                t = torch.cat([hf[checkpoint_name(name, s)] for s in shards]) if shards else hf[name]
                 t = t.to(self.dtype)
                 out[name] = t if on_device else t.cpu()
         return out

@@ -126,7 +126,7 @@ def load_named(model: CausalLM, tensors: Iterable[tuple[str, str, Callable[[], t
         except ValueError as e:
             raise WeightsError(f"{origin}: tensor {hf_name}: {e}") from e
         loaded.add((name, shard))
-    missing = sorted(_hf_name(name, shard) for name, shard in expected - loaded) if strict else []
+    missing = sorted(checkpoint_name(name, shard) for name, shard in expected - loaded) if strict else []
     if missing or unexpected:
         parts = [f"missing tensors {missing}"] if missing else []
         parts += [f"unexpected tensors {sorted(unexpected)}"] if unexpected else []
@@ -143,7 +143,8 @@ def _our_name(hf_name: str) -> tuple[str, Optional[str]]:
     return hf_name, None
 
 
-def _hf_name(name: str, shard: Optional[str]) -> str:
+def checkpoint_name(name: str, shard: Optional[str]) -> str:
+    """The checkpoint's name of our parameter `name` (of its `shard` where it is fused)."""
     if shard is None:
         return name
     parts = name.split(".")
