@@ -5,7 +5,7 @@ forward + backward, per kernel, with and without PyTorch's deterministic algorit
 
 The trainer differentiates attention with SDPA over padded batches (`kernels.autograd._sdpa`); its
 backward must be deterministic (the trainer's runs and resumes repeat bit for bit). For each shape
-(batch x tokens, bf16): median ms of forward + backward over 5 runs after a warm-up, and whether two
+(batch x tokens, bf16): median ms of forward + backward over 5 runs after a warm-up, and whether the five
 runs' gradients are bit-equal. A kernel whose repeat differs is not deterministic; one whose repeat
 matches may still be, or may have been lucky (atomics need not reorder every time).
 """
@@ -43,7 +43,7 @@ def probe(backend: SDPBackend, deterministic: bool, batch: int, tokens: int, hea
     finally:
         torch.use_deterministic_algorithms(before)
         torch.utils.deterministic.fill_uninitialized_memory = fill
-    same = all(torch.equal(a, b) for a, b in zip(runs[1][1], runs[2][1]))
+    same = all(torch.equal(a, b) for run in runs[2:] for a, b in zip(runs[1][1], run[1]))
     return statistics.median(t for t, _ in runs[1:]) * 1e3, same
 
 
@@ -55,11 +55,12 @@ def main() -> None:
     args = ap.parse_args()
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; bf16, causal, {args.heads} heads of "
           f"{args.head_dim}")
-    print("| batch x tokens | kernel | deterministic algorithms | fwd + bwd ms | two runs bit-equal |")
+    print("| batch x tokens | kernel | deterministic algorithms | fwd + bwd ms | five runs bit-equal |")
     print("|---|---|---|---|---|")
     for shape in args.shapes.split(","):
         batch, tokens = (int(x) for x in shape.split("x"))
-        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("memory-efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("memory-efficient", SDPBackend.EFFICIENT_ATTENTION),
+                              ("cuDNN", SDPBackend.CUDNN_ATTENTION)):
             for det in (True, False):
                 try:
                     ms, same = probe(backend, det, batch, tokens, args.heads, args.head_dim)

@@ -107,7 +107,8 @@ def ipc_sync(trainer: TrainerWorker, repeats: int) -> tuple[float, float]:
     return statistics.median(s[0] for s in sides), statistics.median(s[1] for s in sides)
 
 
-def stock_update(path: str, samples: list[Sample], micro: int, device: str, repeats: int) -> float:
+def stock_update(path: str, samples: list[Sample], micro: int, device: str, repeats: int,
+                 profile: bool = False) -> float:
     """The update as a stock trainer makes it (TRL's GRPO shape): transformers' model with fp32 master
     weights under bf16 autocast, SDPA attention, cuBLAS, fused AdamW on the GPU, the LM head only over
     the completion positions (`logits_to_keep`); same samples, micro-batches and loss (policy gradient
@@ -131,7 +132,25 @@ def stock_update(path: str, samples: list[Sample], micro: int, device: str, repe
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return timed(update, repeats), PEAKS.get(id(update))
+    seconds = timed(update, repeats), PEAKS.get(id(update))
+    if profile:
+        print_profile(update, device, "the stock trainer's update")
+    return seconds
+
+
+def print_profile(fn, device: str, what: str) -> None:
+    """torch.profiler's top operators of one call of `fn` (by host time, and by GPU time on a GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    table = prof.key_averages()
+    print(f"## profile: {what}")
+    print(table.table(sort_by="self_cpu_time_total", row_limit=25))
+    if device == "cuda":
+        print(table.table(sort_by="self_cuda_time_total", row_limit=25))
 
 
 def main() -> None:
@@ -146,6 +165,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--no-stock", action="store_true", help="skip the stock trainer (transformers) beside ours")
+    ap.add_argument("--no-sync", action="store_true", help="skip the weight-sync rows")
     args = ap.parse_args()
     path = str(builtin_checkpoint(args.model)) if args.model in NAMES else args.model
     length = args.prompt + args.completion
@@ -162,6 +182,25 @@ def main() -> None:
     rescore, update = (lambda: trainer.rescore(samples)), (lambda: trainer.train(samples, old))
     rows = {"rescore": timed(rescore, args.repeats), "update": timed(update, args.repeats)}
     peaks = {"rescore": PEAKS.get(id(rescore)), "update": PEAKS.get(id(update))}
+    if args.profile:
+        print_profile(update, args.device, "our update")
+    if not args.no_sync:
+        sync_rows(args, spec, trainer, rows)
+    if not args.no_stock:  # same checkpoint, samples and micro-batches, in this process
+        name = "stock trainer: update (transformers, bf16 autocast, SDPA, cuBLAS, AdamW)"
+        rows[name], peaks[name] = stock_update(path, samples, args.micro, args.device, args.repeats, args.profile)
+    tokens = args.seqs * length
+    print(f"{args.model}, {args.arm}, {args.device}: {args.seqs} sequences x ({args.prompt} prompt + "
+          f"{args.completion} completion) tokens, micro-batches of {args.micro}")
+    print("| phase | s | tokens/s | GPU memory at the peak, GB (above the phase's start) |\n|---|---|---|---|")
+    for name, s in rows.items():
+        rate = f"{tokens / s:,.0f}" if name in ("rescore", "update") or "update (" in name else ""
+        peak = f"{peaks[name][0]:.1f} (+{peaks[name][1]:.1f})" if peaks.get(name) else ""
+        print(f"| {name} | {s:.3f} | {rate} | {peak} |")
+
+
+def sync_rows(args, spec: ModelSpec, trainer: TrainerWorker, rows: dict) -> None:
+    """The weight sync, both ways the driver makes it (detent_rl.train.sync_weights), timed into `rows`."""
     rollout = RolloutWorker(spec, RolloutSection(num_blocks=8, max_num_seqs=8, chunk_size=256, cuda_graphs="off"))
     # the weight sync, both ways the driver makes it (detent_rl.train.sync_weights): in one process the
     # engine copies the trainer's device tensors; between Ray actors host copies travel
@@ -177,27 +216,6 @@ def main() -> None:
         rows["sync between processes on one GPU, CUDA IPC: open + device copy + digest (engine)"] = there
     rows["for comparison: weights_sha256 of the compute weights (the former check)"] = timed(
         lambda: weights_sha256(trainer.trainer.compute_weights(on_device=True)), args.repeats)
-    if not args.no_stock:  # same checkpoint, samples and micro-batches, in this process
-        name = "stock trainer: update (transformers, bf16 autocast, SDPA, cuBLAS, AdamW)"
-        rows[name], peaks[name] = stock_update(path, samples, args.micro, args.device, args.repeats)
-    tokens = args.seqs * length
-    print(f"{args.model}, {args.arm}, {args.device}: {args.seqs} sequences x ({args.prompt} prompt + "
-          f"{args.completion} completion) tokens, micro-batches of {args.micro}")
-    print("| phase | s | tokens/s | GPU memory at the peak, GB (above the phase's start) |\n|---|---|---|---|")
-    for name, s in rows.items():
-        rate = f"{tokens / s:,.0f}" if name in ("rescore", "update") or "update (" in name else ""
-        peak = f"{peaks[name][0]:.1f} (+{peaks[name][1]:.1f})" if peaks.get(name) else ""
-        print(f"| {name} | {s:.3f} | {rate} | {peak} |")
-    if args.profile:
-        from torch.profiler import ProfilerActivity, profile
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
-        with profile(activities=acts) as prof:
-            trainer.train(samples, old)
-            sync()
-        table = prof.key_averages()
-        print(table.table(sort_by="self_cpu_time_total", row_limit=25))
-        if args.device == "cuda":
-            print(table.table(sort_by="self_cuda_time_total", row_limit=20))
 
 
 if __name__ == "__main__":

@@ -28,15 +28,20 @@ from detent_rl.kernels._triton import interpreting, pdl, pdl_enter, tl, triton
 
 
 @triton.jit
-def _tile_offsets(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Program `pid`'s rows and columns, tiles visited in groups of GROUP_M row tiles (L2 reuse)."""
+def tile_ids(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Program `pid`'s row and column tile, tiles visited in groups of GROUP_M row tiles (L2 reuse)."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     group = GROUP_M * num_pid_n
     first_m = (pid // group) * GROUP_M
     size_m = min(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % size_m
-    pid_n = (pid % group) // size_m
+    return first_m + (pid % group) % size_m, (pid % group) // size_m
+
+
+@triton.jit
+def _tile_offsets(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Program `pid`'s rows and columns (`tile_ids`)."""
+    pid_m, pid_n = tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     return pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
 
 
