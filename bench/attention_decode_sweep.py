@@ -8,7 +8,8 @@ pages) and each schedule (block_m, block_n, pack, num_warps, num_stages): CUDA-g
 `paged_attention` (its combine included), median µs, and `bits`: whether every output row equals the
 row computed by the prefill tile of the same KV tile width (64 rows of one head, 4 warps) — the
 reference a trainer's prefill reproduces. A schedule whose bits match may serve decode while prefill
-keeps its tile; block_n regroups the keys, so it is compared with its own width's prefill tile.
+keeps its tile; block_n regroups the keys, so it is compared with its own width's prefill tile (the
+reference runs without the KV prefetch; `f1` rows run with it).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ SCHEDULES = [  # block_m, block_n, pack, num_warps, num_stages
 ]
 
 
-def run_case(batch: int, ctx: int, split: int, schedules: list) -> None:
+def run_case(batch: int, ctx: int, split: int, schedules: list, prefetches: list) -> None:
     pages = -(-ctx // PAGE)
     g = torch.Generator(device="cuda").manual_seed(0)
     k_cache = torch.randn(batch * pages, PAGE, KVH, D, device="cuda", generator=g).to(torch.bfloat16)
@@ -42,19 +43,22 @@ def run_case(batch: int, ctx: int, split: int, schedules: list) -> None:
     for bn in sorted({s[1] for s in schedules}):
         meta = attn_meta([1] * batch, ctxs, table, 64, 1)
         refs[bn] = paged_attention(q, k_cache, v_cache, meta, scale=D ** -0.5, block_n=bn, split_size=split,
-                                   num_splits=num_splits, num_warps=4, num_stages=2)
-    for bm, bn, pack, warps, stages in schedules:
+                                   num_splits=num_splits, num_warps=4, num_stages=2, prefetch=False)
+    for (bm, bn, pack, warps, stages), prefetch in ((s, f) for s in schedules for f in prefetches):
         meta = attn_meta([1] * batch, ctxs, table, bm, pack)
         fn = lambda: paged_attention(q, k_cache, v_cache, meta, scale=D ** -0.5, block_n=bn,  # noqa: E731
-                                     split_size=split, num_splits=num_splits, num_warps=warps, num_stages=stages)
+                                     split_size=split, num_splits=num_splits, num_warps=warps, num_stages=stages,
+                                     prefetch=prefetch)
         try:
             out = fn()
             us = triton.testing.do_bench_cudagraph(fn, rep=20) * 1e3
         except Exception as e:  # noqa: BLE001 - a schedule Triton cannot compile is reported, not fatal
-            print(f"| {batch}x{ctx} | {bm}x{bn} pack {pack} w{warps} s{stages} | failed: {str(e)[:80]} | |")
+            print(f"| {batch}x{ctx} | {split} | {bm}x{bn} pack {pack} w{warps} s{stages} f{prefetch:d} | failed: "
+                  f"{str(e)[:80]} | |")
             continue
         bits = "=" if torch.equal(out, refs[bn]) else f"DIFF {(out != refs[bn]).any(-1).sum().item()} rows"
-        print(f"| {batch}x{ctx} | {bm}x{bn} pack {pack} w{warps} s{stages} | {us:.1f} | {bits} |", flush=True)
+        print(f"| {batch}x{ctx} | {split} | {bm}x{bn} pack {pack} w{warps} s{stages} f{prefetch:d} | {us:.1f} | {bits} |",
+              flush=True)
 
 
 def main() -> None:
@@ -62,18 +66,19 @@ def main() -> None:
     ap.add_argument("--cases", default="1x232,32x232,256x456,2x12000")
     ap.add_argument("--splits", default="1024")
     ap.add_argument("--schedules", default="", help="e.g. 64x64p7w4s2,16x128p7w4s3 (default: a grid)")
+    ap.add_argument("--prefetch", default="1,0", help="the kernel's KV prefetch, on (1) and/or off (0)")
     args = ap.parse_args()
     schedules = SCHEDULES
     if args.schedules:
         pat = re.compile(r"(\d+)x(\d+)p(\d+)w(\d+)s(\d+)$")
         schedules = [tuple(int(g) for g in pat.match(x).groups()) for x in args.schedules.split(",")]
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
-    print("| batch x ctx | schedule | µs | bits vs prefill tile |")
-    print("|---|---|---|---|")
+    print("| batch x ctx | split | schedule (f: KV prefetch) | µs | bits vs prefill tile |")
+    print("|---|---|---|---|---|")
     for split in (int(s) for s in args.splits.split(",")):
         for case in args.cases.split(","):
             b, c = (int(x) for x in case.split("x"))
-            run_case(b, c, split, schedules)
+            run_case(b, c, split, schedules, [bool(int(f)) for f in args.prefetch.split(",")])
 
 
 if __name__ == "__main__":

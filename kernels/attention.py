@@ -75,12 +75,21 @@ def attn_meta(q_lens: list[int], cached: list[int], block_table: torch.Tensor, b
 
 
 @triton.jit
+def _kv_block(k_ptr, v_ptr, bt_ptr, req, kvh, kpos, kmask, d, stride_bt, stride_kp, stride_ks, stride_kh,
+              PAGE: tl.constexpr):
+    """Keys and values at positions `kpos` of request `req`'s pages (zeros where masked)."""
+    page = tl.load(bt_ptr + req * stride_bt + kpos // PAGE, mask=kmask, other=0)
+    off = page[:, None] * stride_kp + (kpos % PAGE)[:, None] * stride_ks + kvh * stride_kh + d[None, :]
+    return tl.load(k_ptr + off, mask=kmask[:, None], other=0.0), tl.load(v_ptr + off, mask=kmask[:, None], other=0.0)
+
+
+@triton.jit
 def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_ptr, tile_q0_ptr,
                       m_ptr, l_ptr, o_ptr, scale, stride_qt, stride_qh, stride_kp, stride_ks, stride_kh,
                       stride_bt, stride_mt, stride_mh, stride_ot, stride_oh, stride_os,
                       GROUP: tl.constexpr, PACK: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                      IEEE: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+                      IEEE: tl.constexpr, UPCAST: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     tile = tl.program_id(0)
     split = tl.program_id(2)
@@ -113,20 +122,34 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         row_sum = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        if PREFETCH:  # the next block's pages and keys are loaded while this block is reduced
+            kpos = lo + tl.arange(0, BLOCK_N)
+            kmask = kpos < hi
+            k, v = _kv_block(k_ptr, v_ptr, bt_ptr, req, kvh, kpos, kmask, d, stride_bt, stride_kp, stride_ks,
+                             stride_kh, PAGE)
+            page = tl.load(bt_ptr + req * stride_bt + (kpos + BLOCK_N) // PAGE, mask=kpos + BLOCK_N < hi, other=0)
         for start in range(lo, hi, BLOCK_N):
             kpos = start + tl.arange(0, BLOCK_N)
-            kmask = kpos < hi
-            page = tl.load(bt_ptr + req * stride_bt + kpos // PAGE, mask=kmask, other=0)
-            off = page[:, None] * stride_kp + (kpos % PAGE)[:, None] * stride_ks + kvh * stride_kh + d[None, :]
-            k = tl.load(k_ptr + off, mask=kmask[:, None], other=0.0)
-            v = tl.load(v_ptr + off, mask=kmask[:, None], other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            if PREFETCH:
+                k_cur, v_cur = k, v
+                # block start + BLOCK_N from the pages loaded one iteration ago; pages of start + 2 BLOCK_N
+                nmask = kpos + BLOCK_N < hi
+                off = page[:, None] * stride_kp + ((kpos + BLOCK_N) % PAGE)[:, None] * stride_ks + \
+                    kvh * stride_kh + d[None, :]
+                k = tl.load(k_ptr + off, mask=nmask[:, None], other=0.0)
+                v = tl.load(v_ptr + off, mask=nmask[:, None], other=0.0)
+                page = tl.load(bt_ptr + req * stride_bt + (kpos + 2 * BLOCK_N) // PAGE,
+                               mask=kpos + 2 * BLOCK_N < hi, other=0)
             else:
-                s = tl.dot(q, tl.trans(k)) * scale
+                k_cur, v_cur = _kv_block(k_ptr, v_ptr, bt_ptr, req, kvh, kpos, kpos < hi, d, stride_bt, stride_kp,
+                                         stride_ks, stride_kh, PAGE)
+            if UPCAST:
+                k_cur = k_cur.to(tl.float32)
+                v_cur = v_cur.to(tl.float32)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k_cur), input_precision="ieee") * scale
+            else:
+                s = tl.dot(q, tl.trans(k_cur)) * scale
             s = tl.where(kpos[None, :] <= row_pos[:, None], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -134,9 +157,9 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_
             p = tl.exp(s - m_safe[:, None])  # exactly 0 where masked
             row_sum = row_sum * alpha + tl.sum(p, 1)
             if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+                acc = acc * alpha[:, None] + tl.dot(p, v_cur, input_precision="ieee")
             else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v_cur.dtype), v_cur)
             m = m_new
         ml = rows * stride_mt + head * stride_mh + split
         tl.store(m_ptr + ml, m, mask=row_ok)
@@ -180,8 +203,11 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta, *,
                     scale: float, block_n: int, split_size: int, num_splits: int, num_warps: int = 4,
-                    num_stages: int = 2) -> torch.Tensor:
-    """Causal attention of q [T, H, D] over the paged caches (which already hold the step's keys)."""
+                    num_stages: int = 2, prefetch: bool = False) -> torch.Tensor:
+    """Causal attention of q [T, H, D] over the paged caches (which already hold the step's keys).
+    `prefetch` loads each KV block's pages and keys one iteration ahead, in registers, so that a
+    split's chain of blocks is not one dependent pair of loads (page id, then key) after another: the
+    same arithmetic in the same order, a schedule (the selection's `kv_prefetch`; tests compare both)."""
     _check(q, k_cache, v_cache, meta, block_n, split_size)
     T, H, D = q.shape
     out = torch.empty_like(q)
@@ -199,7 +225,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         meta.block_table.stride(0), m.stride(0), m.stride(1), o.stride(0), o.stride(1), o.stride(2),
         GROUP=H // k_cache.shape[2], PACK=meta.pack, PAGE=k_cache.shape[1], HEAD_DIM=D, BLOCK_M=meta.block_m, BLOCK_N=block_n,
         SPLIT=split_size, IEEE=q.dtype == torch.float32, UPCAST=interpreting() and q.dtype != torch.float32,
-        num_warps=num_warps, num_stages=num_stages, **pdl(q))
+        PREFETCH=prefetch, num_warps=num_warps, num_stages=num_stages, **pdl(q))
     _combine_kernel[(T, H)](m, lsum, o, out, meta.token_pos, m.stride(0), m.stride(1), o.stride(0),
                             o.stride(1), o.stride(2), out.stride(0), out.stride(1), HEAD_DIM=D, SPLIT=split_size,
                             **pdl(q))

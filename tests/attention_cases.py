@@ -45,6 +45,7 @@ class Requests:
             store_kv(self.k[r], self.v[r], self.k_cache, self.v_cache, slots)
         self.scale = D ** -0.5
         self.pack: int | None = None  # None: what the selection asks for; 1 or the group: forced
+        self.prefetch = True  # the kernel's KV prefetch (a schedule)
 
     def step(self, spans: list[tuple[int, int, int]], sel) -> list[torch.Tensor]:
         """One engine step: spans of (request, first position, count); returns each span's rows."""
@@ -59,7 +60,7 @@ class Requests:
                          pack)
         out = paged_attention(q, self.k_cache, self.v_cache, meta, scale=self.scale, block_n=cfg.block_n,
                               split_size=cfg.split_size, num_splits=cfg.num_splits, num_warps=cfg.num_warps,
-                              num_stages=2)
+                              num_stages=2, prefetch=self.prefetch)
         rows, at = [], 0
         for _, _, n in spans:
             rows.append(out[at:at + n])

@@ -31,8 +31,9 @@ def test_pinned_attention_is_invariant_and_stock_is_not(dtype):
 
 def test_packed_tiles_interpreted():
     """The Triton kernel's packed rows (a tile = queries x the heads of one GQA group) address the
-    same queries, heads and outputs as the unpacked ones: under the CPU interpreter both equal the
-    reference, on prefill, chunked and decode steps (logic only; the GPU test compares bits)."""
+    same queries, heads and outputs as the unpacked ones, with and without the KV prefetch (pages and
+    keys loaded one block ahead): under the CPU interpreter all equal the reference, on prefill,
+    chunked and decode steps whose keys cross pages and splits (logic only; the GPU tests compare bits)."""
     from interpreted import run_interpreted
     proc = run_interpreted("""
 import torch
@@ -42,15 +43,43 @@ facts = {**FACTS, "num_heads": 6, "num_kv_heads": 2, "head_dim": 16}
 _, detent = selections(facts)
 small = lambda *a: detent(*a)._replace(block_m=16, block_n=16, split_size=32, num_splits=16, num_stages=1)
 reqs = Requests([36, 3, 1], facts, torch.float32, "cpu", seed=2)
-for pack in (1, 3):
-    reqs.pack = pack
+for pack, prefetch in ((1, True), (3, True), (3, False)):
+    reqs.pack, reqs.prefetch = pack, prefetch
     outs = reqs.step([(0, 0, 36), (1, 0, 3), (2, 0, 1)], small)
     outs += [torch.cat([reqs.step([(0, 0, 17)], small)[0], reqs.step([(0, 17, 19)], small)[0]])]
     outs += [torch.cat([reqs.step([(1, 0, 2)], small)[0], reqs.step([(1, 2, 1)], small)[0]])]
     for out, r in zip(outs, (0, 1, 2, 0, 1)):
         ref = attention_ref(reqs.q[r], reqs.k[r], reqs.v[r], 0, reqs.scale)
         err = (out - ref).abs().max().item()
-        assert err < 1e-5, (pack, r, err)
+        assert err < 1e-5, (pack, prefetch, r, err)
 print("packed ok")
 """)
     assert proc.returncode == 0 and "packed ok" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_prefetch_reads_the_same_keys_interpreted():
+    """The prefetched loop (each block's pages and keys loaded one iteration ahead) folds the same keys
+    in the same order as the plain loop: under the interpreter every row of every scenario is equal,
+    and a prefetch that read one block late would not be. Control: a narrower KV tile differs."""
+    from interpreted import run_interpreted
+    proc = run_interpreted("""
+import torch
+from attention_cases import FACTS, Requests, selections
+facts = {**FACTS, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16}
+_, detent = selections(facts)
+small = lambda *a: detent(*a)._replace(block_m=16, block_n=16, split_size=48, num_splits=16, num_stages=1)
+narrow = lambda *a: small(*a)._replace(block_n=8, split_size=48)
+reqs = Requests([70, 5], facts, torch.float32, "cpu", seed=3)
+outs = {}
+for prefetch in (False, True):
+    reqs.prefetch = prefetch
+    outs[prefetch] = [reqs.step([(0, 0, 70), (1, 0, 5)], small), reqs.step([(0, 40, 30)], small),
+                      reqs.step([(0, 69, 1)], small)]
+for a, b in zip(outs[False], outs[True]):
+    for x, y in zip(a, b):
+        assert torch.equal(x, y), (x - y).abs().max()
+control = reqs.step([(0, 0, 70), (1, 0, 5)], narrow)[0]
+assert not torch.equal(control, outs[True][0][0]), "control: another KV tile must change the bits"
+print("prefetch ok")
+""")
+    assert proc.returncode == 0 and "prefetch ok" in proc.stdout, proc.stderr[-3000:]

@@ -63,3 +63,23 @@ def test_packed_tiles_keep_bits(facts, dtype):
     narrow = lambda *a: detent(*a)._replace(block_n=32)  # noqa: E731
     control = scenario_outputs(reqs, 0, narrow, seed=4)["prefill"]
     assert not torch.equal(control, ref), "control: another KV tile must change the bits"
+
+
+@pytest.mark.parametrize("facts", [QWEN2_05B, LLAMA_8B], ids=["qwen2-0.5b", "llama-8b"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_prefetch_keeps_bits(facts, dtype):
+    """The KV prefetch (each block's pages and keys loaded one iteration ahead) is a schedule: every
+    scenario's rows, prefetched and packed as decode runs them, equal the plain loop's one-shot
+    prefill bit for bit. Control: a change of KV tile (block_n 32) is seen by the same comparison."""
+    _, detent = selections(facts, split_size=1024)
+    reqs = Requests([2100, 700, 9, 1300, 64], facts, dtype, "cuda", seed=3)
+    reqs.pack, reqs.prefetch = 1, False
+    ref = scenario_outputs(reqs, 0, detent, seed=4)["prefill"]
+    reqs.prefetch = True
+    for pack in (1, facts["num_heads"] // facts["num_kv_heads"]):
+        reqs.pack = pack
+        out = scenario_outputs(reqs, 0, detent, seed=4)
+        assert mismatches({"prefill": ref, **{f"prefetch, pack {pack}, {k}": v for k, v in out.items()}}) == []
+    narrow = lambda *a: detent(*a)._replace(block_n=32)  # noqa: E731
+    control = scenario_outputs(reqs, 0, narrow, seed=4)["prefill"]
+    assert not torch.equal(control, ref), "control: another KV tile must change the bits"

@@ -187,5 +187,5 @@ class Attention(nn.Module):
                                f"build it with CausalLM.select_attention and attention_tiling")
         out = attention_autograd(q, k, v, k_cache, v_cache, ctx.slots, ctx.meta, scale=self.scale,
                                  block_n=s.block_n, split_size=s.split_size, num_splits=s.num_splits,
-                                 num_warps=s.num_warps, num_stages=s.num_stages)
+                                 num_warps=s.num_warps, num_stages=s.num_stages, prefetch=s.kv_prefetch)
         return self.o_proj(out.reshape(tokens, self.q_size))

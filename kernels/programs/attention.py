@@ -11,12 +11,15 @@ Our kernels add the `split_stride` knob: a fixed split size aligned to absolute 
 (0 keeps FA3's count-based splitting). With a fixed stride, prefill, chunked prefill, decode and
 the trainer's one-shot prefill cut every row's keys at the same places.
 
-`pack_gqa` (a tile's rows are queries times the heads of one GQA group) and `num_stages` are declared
-a schedule: they change which CTA computes a row and how far ahead it loads, not the row's arithmetic
+`pack_gqa` (a tile's rows are queries times the heads of one GQA group), `num_stages` and `kv_prefetch`
+(the next KV block's pages and keys loaded while a block is reduced) are declared a schedule: they
+change which CTA computes a row and how far ahead it loads, not the row's arithmetic
 (`kernels/attention.py`; the GPU tests compare packed and unpacked bits,
 bench/attention_decode_sweep.py the stages), so they may follow the batch in every arm. Decode takes
 two stages: a packed 64x64 decode tile ran 8.7 µs in two and 10.6 µs in three at batch 1, 28 and 41 µs
-at batch 256 (H200, Qwen2-0.5B heads).
+at batch 256 (H200, Qwen2-0.5B heads). The prefetch took a packed 64x64 decode from 7.9 to 6.8 µs at
+batch 1 and from 23.3 to 19.5 µs at batch 2 x 12,000 keys, and slowed batch 256 from 28.4 to 33.2 µs
+and 128-key tiles everywhere (bench/attention_decode_sweep.py): hence its rule below.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ def triton_tile(is_causal: Runtime[bool]):
     return (16, 128)
 
 
-@selection(name="attention", schedule=("pack_gqa", "num_stages"))
+@selection(name="attention", schedule=("pack_gqa", "num_stages", "kv_prefetch"))
 def attention_program(batch: Runtime[int], max_seqlen_q: Unpinnable[int], num_tokens: Unpinnable[int],
                       max_seqlen_k: Unpinnable[int], num_heads: Fact[int], num_kv_heads: Fact[int],
                       head_dim: Fact[int], num_sms: Fact[int], page_size: Fact[int], max_context: Fact[int],
@@ -88,6 +91,12 @@ def attention_program(batch: Runtime[int], max_seqlen_q: Unpinnable[int], num_to
         pack_gqa = should_pack_gqa(False, max_seqlen_q, qheads_per_kv, block_m)
     if qheads_per_kv > block_m:
         pack_gqa = False  # our kernel packs whole groups into one tile's rows
+    # the KV prefetch (pages and keys one block ahead, in registers) in decode batches whose tiles fit in
+    # one wave: a latency-bound call whose few CTAs each walk a chain of blocks (the splits of a long
+    # context add CTAs, but the KV length is not read here: a decode graph serves every length). With
+    # more CTAs than SMs the registers it holds cost more occupancy than it hides latency, and 128-key
+    # tiles hold twice as many.
+    kv_prefetch = block_n == 64 and max_seqlen_q < 2 and batch * (num_kv_heads if pack_gqa else num_heads) <= num_sms
 
     require(1 <= num_splits <= MAX_SPLITS, "the partial-output buffer holds MAX_SPLITS splits")
     require(split_size % block_n == 0, "a KV tile must not straddle two splits")
@@ -96,7 +105,7 @@ def attention_program(batch: Runtime[int], max_seqlen_q: Unpinnable[int], num_to
     return {
         "block_m": block_m, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages,
         "num_splits": num_splits, "split_size": split_size, "split_kernel": num_splits > 1,
-        "pack_gqa": pack_gqa,
+        "pack_gqa": pack_gqa, "kv_prefetch": kv_prefetch,
         "int64_index": num_tokens * num_heads * head_dim > INT32_MAX,
         "varlen_pdl": batch <= PDL_MAX_BATCH,
     }
