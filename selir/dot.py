@@ -7,7 +7,7 @@ from typing import Iterable
 from detent_rl.selir.graph import Node
 from detent_rl.selir.lower import DepGraph
 
-_INPUT_COLOURS = {"Runtime": "#e41a1c", "Unpinnable": "#984ea3"}
+_INPUT_COLOURS = {"Runtime": "#e41a1c", "Unpinnable": "#984ea3", "Request": "#4daf4a"}
 _KNOB_COLOUR = "#377eb8"
 _BATCH_FILL = "#fde0dd"
 _PIN_FILL = "#ffd92f"
@@ -31,7 +31,7 @@ def to_dot(g: DepGraph, pins: Iterable[Node], title: str, names: dict[int, str] 
         if isinstance(v, Node):
             points.setdefault(v.id, []).append(name)
     lines = [f'digraph "{title}" {{', '  rankdir=LR;', '  node [fontname="Helvetica", fontsize=10];',
-             f'  label="{title}\\nred: Runtime, purple: Unpinnable, blue: knob; shaded: batch-dependent; '
+             f'  label="{title}\\nred: Runtime, purple: Unpinnable, green: Request, blue: knob; shaded: batch-dependent; '
              'yellow: pin (the cut); boxes: selection points; dashed: control";', '  labelloc=t;']
     for i in sorted(g.nodes):
         n = g.nodes[i]

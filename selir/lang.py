@@ -16,7 +16,7 @@ from detent_rl.selir.ops import to_float32
 
 T = TypeVar("T")
 
-INPUT_KINDS = ("Runtime", "Unpinnable", "Fact")
+INPUT_KINDS = ("Runtime", "Unpinnable", "Request", "Fact")
 
 
 class Runtime(Generic[T]):
@@ -25,6 +25,12 @@ class Runtime(Generic[T]):
 
 class Unpinnable(Generic[T]):
     """A batch-dependent input that must never be pinned (e.g. the longest KV length in the batch)."""
+
+
+class Request(Generic[T]):
+    """One request's own value, read per request (e.g. its own KV length): not batch-dependent, since no
+    other request changes it, and never pinned. A selection that reads only Request inputs and facts
+    is batch-invariant as it stands."""
 
 
 class Fact(Generic[T]):

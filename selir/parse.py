@@ -88,7 +88,8 @@ class Parser:
             ann = arg.annotation
             if not (isinstance(ann, ast.Subscript) and isinstance(ann.value, ast.Name)
                     and ann.value.id in lang.INPUT_KINDS):
-                raise self.fail(arg, f"parameter '{arg.arg}' must be annotated Runtime[T], Unpinnable[T] or Fact[T]")
+                raise self.fail(arg, f"parameter '{arg.arg}' must be annotated Runtime[T], Unpinnable[T], "
+                                     "Request[T] or Fact[T]")
             tname = ann.slice.id if isinstance(ann.slice, ast.Name) else None
             if tname is None or (tname not in SCALAR_TYPES and not lang.is_record_type(self.scope.get(tname))):
                 raise self.fail(arg, f"parameter '{arg.arg}': unsupported type {ast.unparse(ann.slice)!r}")

@@ -1,6 +1,6 @@
 """Partial evaluation of a selection program on deployment facts (stage 2).
 
-Facts become constants; Runtime/Unpinnable inputs and knobs become graph leaves. Branches on
+Facts become constants; Runtime/Unpinnable/Request inputs and knobs become graph leaves. Branches on
 constants are pruned, loops over static collections unrolled, helper selections inlined, and the
 rest is built through the simplifying `Builder`, so the result is one dependence graph. With every
 input given, the same evaluator is the reference semantics of a program (`evaluate`).

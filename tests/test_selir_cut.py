@@ -140,6 +140,29 @@ def prog(n: Unpinnable[int], split: Runtime[int]):
     assert not g.schedule and len(bare_pins) == 2 and "chunk" in bare_pins
 
 
+def test_a_request_input_is_read_per_request_and_never_cut(tmp_path):
+    """A split count from the request's own length and a fixed tile (a Request input) needs no pin;
+    one that also reads the batch's longest length is cut. Control: the same program with the own
+    length annotated Unpinnable (batch-dependent) is cut at the count, a constant for every request."""
+    body = '''
+def prog(own: Request[int], longest: Unpinnable[int]):
+    assume(1 <= own <= 4096)
+    assume(1 <= longest <= 4096)
+    assume(own <= longest)
+    tile = knob("tile", (128, 256), 256)
+    return {"splits": (own + tile - 1) // tile, "batch_splits": (own + longest - 1) // longest}
+'''
+    mod = load_module(HEADER + "@selection" + body + "\n@selection" + body.replace("def prog", "def bare").replace(
+        "own: Request[int]", "own: Unpinnable[int]"), tmp_path)
+    _, g, pins, _ = analyze(mod.prog, {})
+    assert sorted(g.point_nodes(batch_only=True)) == ["batch_splits"] and list(pins) == ["batch_splits"]
+    sel = solve(mod.prog, {}, cache=JITCache(enabled=False)).commit(knobs={"tile": 128})
+    assert [sel(own, 4096).splits for own in (1, 128, 129, 1000)] == [1, 1, 2, 8]
+    assert sel(1000, 1000).splits == sel(1000, 4096).splits  # the batch does not move a request's count
+    _, g, bare_pins, _ = analyze(mod.bare, {})
+    assert sorted(g.point_nodes(batch_only=True)) == ["batch_splits", "splits"] and "splits" in bare_pins
+
+
 def test_a_schedule_naming_no_returned_value_is_refused(tmp_path):
     mod = load_module(HEADER + '''
 @selection(schedule=("tiles",))

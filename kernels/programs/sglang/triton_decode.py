@@ -10,9 +10,11 @@ Transcribes, from the `sglang==0.5.23` wheel (paths relative to the `sglang/` pa
     `_decode_grouped_att_m_fwd` (~430-460, ~796-867): `(batch, head blocks, max_kv_splits)`.
 
 One evaluation selects the split count of ONE request. The kernel reads batch-wide values, so the
-inputs are: `seq_len` (this request's KV length), `max_seq_len` / `min_seq_len` (longest and shortest
-KV length in the batch, as the kernel sees them: CUDA-graph padding rows count with length 1) and
-`num_seq` (requests in the call). In speculative draft decode `num_group` = topk requests share one
+inputs are: `seq_len` (this request's KV length: a `Request` input, which no other request changes),
+`max_seq_len` / `min_seq_len` (longest and shortest KV length in the batch, as the kernel sees them:
+CUDA-graph padding rows count with length 1) and `num_seq` (requests in the call). So the deterministic
+path (a request's splits from its own length and a fixed split tile) needs no pin, and the heuristic
+path's cut pins the split count. In speculative draft decode `num_group` = topk requests share one
 sequence; it is a deployment fact here.
 
 `tl.log2` has no SelIR counterpart: `ext_device_core_count` emulates the kernel's float32
@@ -23,7 +25,7 @@ flag, which only rotates work on HIP and never changes a split count.
 """
 from __future__ import annotations
 
-from detent_rl.selir import float32, Fact, Runtime, Unpinnable, assume, knob, record, require, selection
+from detent_rl.selir import float32, Fact, Request, Runtime, Unpinnable, assume, knob, record, require, selection
 
 MLA_DECODE_MIN_BLOCK_KV = 32  # _MLA_DECODE_MIN_BLOCK_KV
 EXT_SEQ_DIVISOR = 64  # ext_seq_len = max_seq_len / 64.0
@@ -31,6 +33,7 @@ BLOCK_H = 16  # decode kernels' head block
 # SGLANG_TRITON_DECODE_SPLIT_TILE_SIZE (default 256) in deterministic mode; the other values are
 # settings an operator may choose, offered to the solver as a knob.
 SPLIT_TILE_CHOICES = (64, 128, 256, 512, 1024)
+DEFAULT_SPLIT_TILE = 256
 PLATFORMS = ("cuda", "hip", "hip_gfx942", "xpu", "other")
 
 
@@ -67,7 +70,7 @@ def backend_setup(max_context_len: Fact[int], device_core_count: Fact[int],
             max_kv_splits = min(max_kv_splits, 256)
     static = static_kv_splits_env
     if enable_deterministic:
-        split_tile_size = knob("split_tile_size", SPLIT_TILE_CHOICES, 256)
+        split_tile_size = knob("split_tile_size", SPLIT_TILE_CHOICES, DEFAULT_SPLIT_TILE)
         static = False
     else:
         split_tile_size = triton_attention_split_tile_size
@@ -105,7 +108,7 @@ def ext_device_core_count(max_seq_len: Unpinnable[int], device_core_count: Fact[
 
 
 @selection
-def kv_splits_kernel(seq_len: Unpinnable[int], max_seq_len: Unpinnable[int], min_seq_len: Unpinnable[int],
+def kv_splits_kernel(seq_len: Request[int], max_seq_len: Unpinnable[int], min_seq_len: Unpinnable[int],
                      num_seq: Runtime[int], num_group: Fact[int], num_head: Fact[int], num_kv_head: Fact[int],
                      max_kv_splits: Fact[int], device_core_count: Fact[int]):
     """get_num_kv_splits_triton, for the lane of one request (all divisions are integer cdiv)."""
@@ -129,7 +132,7 @@ def kv_splits_kernel(seq_len: Unpinnable[int], max_seq_len: Unpinnable[int], min
 
 @selection
 def triton_decode_num_kv_splits(
-        seq_len: Unpinnable[int], max_seq_len: Unpinnable[int], min_seq_len: Unpinnable[int],
+        seq_len: Request[int], max_seq_len: Unpinnable[int], min_seq_len: Unpinnable[int],
         num_seq: Runtime[int],
         num_head: Fact[int], num_kv_head: Fact[int], num_group: Fact[int], max_context_len: Fact[int],
         device_core_count: Fact[int], max_num_seq: Fact[int], triton_attention_num_kv_splits: Fact[int],
