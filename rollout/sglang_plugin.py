@@ -1,0 +1,184 @@
+"""DETENT for SGLang: one plugin that pins SGLang's own kernel selection through SGLang's hook registry.
+
+SGLang runs `sglang.srt.plugins.load_plugins()` in every process it starts (the engine, the scheduler
+subprocess, the DP controller): it loads each `sglang.srt.plugins` entry point, calls it, and applies
+the hooks registered meanwhile. detent_rl registers `detent = detent_rl.rollout.sglang_plugin:register`
+(pyproject.toml), so installing detent_rl beside SGLang is enough; `register()` can also be called
+by hand (then `HookRegistry.apply_hooks()`, or `load_plugins()`, patches the classes). Only the SGLang
+versions in SUPPORTED_VERSIONS are accepted: the hook targets and the selection transcriptions
+(`kernels/programs/sglang/`) are checked against those (tests/test_sglang_plugin.py, against the
+real package); another version is refused by name before any hook is registered.
+
+What it pins now:
+
+- **Triton attention backend, decode split-KV.** Stock SGLang picks each request's number of KV
+  splits from the whole batch (`get_num_kv_splits_triton`: the longest and shortest lengths, the
+  request count, the SM count), so a request's attention output changes bits with its neighbours.
+  With the plugin a request's split count comes from its own KV length and a fixed split tile,
+  `ceil(len / tile)` — SGLang's own deterministic path, without the rest of its deterministic mode —
+  and the split buffers hold `ceil(context / tile)` splits. Both come from the transcribed selection
+  program (`triton_decode_num_kv_splits`) solved for the backend's facts on that path: the solver
+  finds nothing left to pin there (the count reads only the request's own length) and the committed
+  selector gives `max_kv_splits`; the tile is the program's knob `split_tile_size`, read from the
+  commitment tuple (site SITE; the program's default, 256, without one).
+- **Request-bound sampling.** A request must carry `sampling_seed` (refused when SGLang validates
+  its sampling parameters, never given 42 as SGLang's deterministic mode does), and every batch
+  samples with SGLang's seeded sampler (`multinomial_with_seed`: a hash of seed, position and
+  column), whatever the batch.
+
+Not yet: FA3 and FlashInfer split parameters, the fused-MoE config row, the all-reduce for TP > 1,
+the trainer kernel set that reproduces SGLang's rollout (see the issue tracker).
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from typing import Any, Optional
+
+import torch
+
+from detent_rl.kernels.commitment import CommitmentError, CommitmentTuple
+from detent_rl.kernels.programs.sglang import triton_decode as TD
+
+SUPPORTED_VERSIONS = ("0.5.23",)
+TRITON_BACKEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend"
+SAMPLING_PARAMS = "sglang.srt.sampling.sampling_params.SamplingParams"
+SAMPLING_BATCH = "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo"
+SITE = "sglang.triton_decode"  # the commitment tuple's site of the Triton decode split tile
+ENV_COMMITMENT = "DETENT_COMMITMENT"  # a commitment tuple file for processes SGLang starts
+MAX_NUM_SEQ = 1 << 16  # the selection program's bound on requests per call (a fact it only assumes)
+
+
+class SGLangPluginError(RuntimeError):
+    """The plugin cannot pin this SGLang: an unsupported version or an unusable commitment tuple."""
+
+
+def check_version(version: Optional[str] = None) -> str:
+    """The installed SGLang's version, if the plugin supports it; otherwise a clear refusal."""
+    if version is None:
+        try:
+            version = importlib.metadata.version("sglang")
+        except importlib.metadata.PackageNotFoundError as e:
+            raise SGLangPluginError("detent_rl's SGLang plugin needs the sglang package, which is not "
+                                    "installed") from e
+    if version not in SUPPORTED_VERSIONS:
+        raise SGLangPluginError(
+            f"detent_rl's SGLang plugin supports sglang {', '.join(SUPPORTED_VERSIONS)}; this is sglang "
+            f"{version}. Its hooks patch SGLang's internals, checked against those versions only: install "
+            f"a supported one, or load SGLang without the plugin (SGLANG_PLUGINS naming others).")
+    return version
+
+
+def split_tile_size(commitment: Optional[os.PathLike | str] = None) -> int:
+    """The Triton decode split tile the tuple commits (site SITE, knob `split_tile_size`), or the
+    program's default without a tuple. `commitment` defaults to $DETENT_COMMITMENT."""
+    path = commitment if commitment is not None else os.environ.get(ENV_COMMITMENT)
+    default = TD.DEFAULT_SPLIT_TILE
+    if not path:
+        return default
+    try:
+        tuple_ = CommitmentTuple.load(path)
+    except CommitmentError as e:
+        raise SGLangPluginError(str(e)) from e
+    site = tuple_.sites.get(SITE)
+    if site is None:
+        return default
+    tile = site.knobs.get("split_tile_size", default)
+    if tile not in TD.SPLIT_TILE_CHOICES:
+        raise SGLangPluginError(f"{path}: sites.{SITE}.knobs.split_tile_size is {tile!r}; the Triton decode "
+                                f"split tile is one of {TD.SPLIT_TILE_CHOICES}")
+    return tile
+
+
+def backend_facts(backend: Any) -> dict:
+    """The selection program's deployment facts of a TritonAttnBackend, on the pinned (deterministic) path."""
+    return {"num_head": backend.num_head, "num_kv_head": backend.num_kv_head, "num_group": 1,
+            "max_context_len": backend.max_context_len, "device_core_count": backend.device_core_count,
+            "max_num_seq": MAX_NUM_SEQ, "triton_attention_num_kv_splits": backend.max_kv_splits,
+            "triton_attention_split_tile_size": 0, "use_mla": bool(backend.use_mla), "platform": "cuda",
+            "static_kv_splits_env": False, "enable_deterministic": True}
+
+
+def backend_selector(facts: dict, tile: int):
+    """The committed selector of the Triton decode program for these facts and split tile."""
+    from detent_rl.selir.solver import solve
+    sol = solve(TD.triton_decode_num_kv_splits, facts)
+    if sol.stats["pins"]:  # the pinned path reads only the request's own length: nothing to pin
+        raise SGLangPluginError(f"the Triton decode selection still reads the batch at {sol.stats['pins']} "
+                                f"on its fixed-tile path for {facts}")
+    return sol.commit(knobs={"split_tile_size": tile})
+
+
+_STATE: dict = {"registered": False, "tile": None}
+
+
+def register(commitment: Optional[os.PathLike | str] = None) -> None:
+    """Register every hook with SGLang's HookRegistry (the `sglang.srt.plugins` entry point; idempotent).
+    SGLang's `load_plugins()` applies them; a caller outside it runs `HookRegistry.apply_hooks()`."""
+    check_version()
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    _STATE["tile"] = split_tile_size(commitment)
+    if _STATE["registered"]:
+        return
+    HookRegistry.register(f"{TRITON_BACKEND}.__init__", pin_backend, HookType.AFTER)
+    HookRegistry.register(f"{TRITON_BACKEND}.get_num_kv_splits", pinned_num_kv_splits, HookType.REPLACE)
+    HookRegistry.register(f"{SAMPLING_PARAMS}.verify", require_seed, HookType.AFTER)
+    HookRegistry.register(f"{SAMPLING_BATCH}.from_schedule_batch", seeded_batch, HookType.AFTER)
+    _STATE["registered"] = True
+
+
+def applied() -> bool:
+    """Whether SGLang's Triton backend now runs the plugin's split count (HookRegistry logs a failed
+    patch instead of raising: a caller that relies on the pins checks this)."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    cells = getattr(TritonAttnBackend.get_num_kv_splits, "__closure__", None) or ()
+    return any(c.cell_contents is pinned_num_kv_splits for c in cells)
+
+
+def pin_backend(result: Any, backend: Any, *args: Any, **kwargs: Any) -> None:
+    """After TritonAttnBackend.__init__: the fixed split tile, and split buffers sized from the selector
+    (they are allocated later, from `max_kv_splits`)."""
+    tile = _STATE["tile"] or split_tile_size()
+    selector = backend_selector(backend_facts(backend), tile)
+    longest = backend.max_context_len
+    top = selector(seq_len=longest, max_seq_len=longest, min_seq_len=1, num_seq=1)
+    backend.split_tile_size = tile
+    backend.max_kv_splits = top.max_kv_splits
+    backend.static_kv_splits = False
+    backend.detent_selector = selector
+
+
+def pinned_num_kv_splits(backend: Any, num_kv_splits: torch.Tensor, seq_lens: torch.Tensor,
+                         uneven_batch: Optional[torch.Tensor] = None) -> None:
+    """TritonAttnBackend.get_num_kv_splits, pinned: each request's split count is ceil(its own KV length
+    / the split tile) — the committed selector's value, computed for the whole batch on the device (no
+    host round trip; CUDA graphs capture it). `uneven_batch` only reorders work on HIP."""
+    num_group = num_kv_splits.shape[0] // seq_lens.shape[0]
+    if num_group * seq_lens.shape[0] != num_kv_splits.shape[0]:
+        raise ValueError(f"{num_kv_splits.shape[0]} split slots for {seq_lens.shape[0]} sequences")
+    lens = seq_lens.repeat_interleave(num_group) if num_group > 1 else seq_lens
+    tile = backend.split_tile_size
+    num_kv_splits[:] = (lens + tile - 1) // tile
+
+
+def require_seed(result: Any, params: Any, *args: Any, **kwargs: Any) -> None:
+    """After SamplingParams.verify: a request without `sampling_seed` is refused, and so is min-p
+    sampling, which SGLang's seeded sampler does not implement (it asserts)."""
+    if params.sampling_seed is None:
+        raise ValueError("detent_rl's SGLang plugin samples with request-bound seeds: set `sampling_seed` on "
+                         "every request (SGLang would otherwise seed them all with 42, or not at all)")
+    if params.min_p > 0:
+        raise ValueError(f"min_p is {params.min_p}: SGLang's seeded sampler has no min-p filter, so detent_rl's "
+                         f"SGLang plugin refuses it (use top_p / top_k)")
+
+
+def seeded_batch(info: Any, cls: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    """After SamplingBatchInfo.from_schedule_batch: the batch's seeds, each request's own, so SGLang's
+    sampler takes its seeded path (`multinomial_with_seed`) whatever its deterministic-mode flag."""
+    seeds = [r.sampling_params.sampling_seed for r in batch.reqs]
+    missing = [r.rid for r, s in zip(batch.reqs, seeds) if s is None]
+    if missing:
+        raise ValueError(f"requests {missing[:4]} reached sampling without `sampling_seed` (detent_rl's SGLang "
+                         f"plugin refuses them at validation; was it loaded in the tokenizer process?)")
+    info.sampling_seed = torch.tensor(seeds, dtype=torch.int64).to(info.device, non_blocking=True)
+    return info

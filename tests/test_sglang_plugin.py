@@ -1,0 +1,236 @@
+"""detent_rl's SGLang plugin against SGLang's own package, on the CPU (skipped without SGLang; .ci/run
+installs it, see tests/sglang_env.py). SGLang's Triton kernels run under the interpreter in a
+subprocess (TRITON_INTERPRET is read at import): logic and bits of that CPU run, not GPU bits."""
+from __future__ import annotations
+
+import importlib.metadata
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from interpreted import run_interpreted
+from sglang_env import PRELUDE, import_sglang
+
+sglang = import_sglang()
+
+import sglang.srt.plugins as sgl_plugins  # noqa: E402
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
+from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+
+from detent_rl.kernels.commitment import CommitmentTuple  # noqa: E402
+from detent_rl.rollout import sglang_plugin as P  # noqa: E402
+
+ENTRY = "detent_rl.rollout.sglang_plugin:register"
+PATCHED = [(TritonAttnBackend, "__init__"), (TritonAttnBackend, "get_num_kv_splits"), (SamplingParams, "verify"),
+           (SamplingBatchInfo, "from_schedule_batch")]
+
+
+@pytest.fixture
+def fresh_sglang():
+    """SGLang with no hook applied, before and after (the test loads plugins through SGLang itself)."""
+    originals = [(cls, name, cls.__dict__[name]) for cls, name in PATCHED]
+
+    def reset():
+        for cls, name, fn in originals:
+            setattr(cls, name, fn)
+        HookRegistry.reset()
+        sgl_plugins._plugins_loaded = False
+        P._STATE.update(registered=False, tile=None)
+    reset()
+    yield
+    reset()
+
+
+def test_sglang_loads_the_plugin_from_its_entry_point(fresh_sglang, monkeypatch):
+    eps = [ep for ep in importlib.metadata.entry_points(group="sglang.srt.plugins") if ep.value == ENTRY]
+    assert eps, "no sglang.srt.plugins entry point for the plugin (pip install -e . registers it)"
+    monkeypatch.setenv("SGLANG_PLUGINS", "someone_else")  # control: SGLang skips a plugin it is not told to load
+    sgl_plugins.load_plugins()
+    assert not P.applied()
+    sgl_plugins._plugins_loaded = False
+    monkeypatch.setenv("SGLANG_PLUGINS", eps[0].name)
+    sgl_plugins.load_plugins()
+    assert P.applied()
+    with pytest.raises(ValueError, match="sampling_seed"):  # the sampling hook went in with it
+        SamplingParams(max_new_tokens=4, temperature=1.0).verify(vocab_size=100)
+
+
+def test_an_unsupported_sglang_is_refused_by_name():
+    assert P.check_version() == "0.5.23"
+    with pytest.raises(P.SGLangPluginError, match=r"supports sglang 0\.5\.23; this is sglang 0\.5\.22"):
+        P.check_version("0.5.22")
+
+
+def test_the_split_tile_comes_from_the_commitment_tuple(tmp_path, monkeypatch):
+    monkeypatch.delenv(P.ENV_COMMITMENT, raising=False)
+    assert P.split_tile_size() == 256  # the program's default
+    path = CommitmentTuple({P.SITE: {"knobs": {"split_tile_size": 512}}}).save(tmp_path / "t.json")
+    assert P.split_tile_size(path) == 512
+    monkeypatch.setenv(P.ENV_COMMITMENT, str(path))
+    assert P.split_tile_size() == 512
+    bad = CommitmentTuple({P.SITE: {"knobs": {"split_tile_size": 300}}}).save(tmp_path / "bad.json")
+    with pytest.raises(P.SGLangPluginError, match=r"bad\.json: sites\.sglang\.triton_decode\.knobs\.split_tile_size is 300"):
+        P.split_tile_size(bad)
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(P.SGLangPluginError, match="broken.json"):
+        P.split_tile_size(tmp_path / "broken.json")
+
+
+def backend(**kw):
+    """The fields of a TritonAttnBackend that its split selection reads (a 32-head, 4-KV-head model,
+    40,960-token context, on 132 SMs), as SGLang's __init__ leaves them by default."""
+    return SimpleNamespace(**{"num_head": 32, "num_kv_head": 4, "max_kv_splits": 8, "device_core_count": 132,
+                              "max_context_len": 40960, "use_mla": False, "static_kv_splits": False,
+                              "enable_deterministic": False, "split_tile_size": None, **kw})
+
+
+def test_the_pinned_backend_takes_its_splits_from_the_committed_selector(fresh_sglang):
+    """After __init__ the hook sizes the split buffers from the selector; each request's count is the
+    selector's, computed for the batch at once, and no neighbour moves it."""
+    P._STATE["tile"] = 512
+    be = backend()
+    P.pin_backend(None, be)
+    assert (be.split_tile_size, be.max_kv_splits, be.static_kv_splits) == (512, 80, False)
+    rng = random.Random(0)
+    target = 3000
+    seen = set()
+    for n in (1, 2, 7, 64, 300):
+        lens = [rng.randint(1, 40960) for _ in range(n - 1)] + [target]
+        out = torch.empty(n, dtype=torch.int32)
+        P.pinned_num_kv_splits(be, out, torch.tensor(lens))
+        want = [be.detent_selector(seq_len=L, max_seq_len=max(lens), min_seq_len=min(lens), num_seq=n).num_kv_splits
+                for L in lens]
+        assert out.tolist() == want
+        seen.add(out[-1].item())
+    assert seen == {6}  # ceil(3000 / 512), alone or among 300
+    out = torch.empty(6, dtype=torch.int32)  # speculative decoding: two drafts share each sequence
+    P.pinned_num_kv_splits(be, out, torch.tensor([600, 1, 5000]))
+    assert out.tolist() == [2, 2, 1, 1, 10, 10]
+
+
+def test_transcription_equals_sglang_and_the_pins_hold_where_sglang_reads_the_batch():
+    """SGLang's own get_num_kv_splits (its Triton kernel, interpreted) equals the SelIR transcription on
+    random batches, on its heuristic, deterministic and static paths; on the heuristic path a request's
+    count moves with its neighbours (the negative control), under the plugin it never does."""
+    proc = run_interpreted(PRELUDE + """
+import random
+from types import SimpleNamespace
+import torch
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+from detent_rl.kernels.programs.sglang import triton_decode as TD
+from detent_rl.rollout import sglang_plugin as P
+from test_sglang_plugin import backend
+facts = {**TD.REFERENCE_FACTS, "max_num_seq": 512}  # batches past 256: SGLang schedules them in a wider block
+rng = random.Random(1)
+stock_counts, pinned_counts, checked = set(), set(), 0
+pinned = backend()
+P._STATE["tile"] = 256
+P.pin_backend(None, pinned)
+for trial in range(24):
+    n = rng.choice([1, 2, 3, 8, 64, 255, 256, 300])
+    lo = rng.choice([1, 1000, 30000])
+    lens = [rng.randint(lo, 40960) for _ in range(n - 1)] + [5000]
+    for path, be in (("heuristic", backend()), ("deterministic", backend(enable_deterministic=True, split_tile_size=256,
+                                                                          max_kv_splits=160)),
+                     ("static", backend(static_kv_splits=True))):
+        out = torch.zeros(n, dtype=torch.int32)
+        TritonAttnBackend.get_num_kv_splits(be, out, torch.tensor(lens, dtype=torch.int32))
+        kw = {**facts, "enable_deterministic": path == "deterministic", "static_kv_splits_env": path == "static"}
+        want = [TD.triton_decode_num_kv_splits(seq_len=L, max_seq_len=max(lens), min_seq_len=min(lens), num_seq=n,
+                                               **kw)["num_kv_splits"] for L in lens]
+        assert out.tolist() == want, (path, lens, out.tolist(), want)
+        checked += n
+        if path == "heuristic":
+            stock_counts.add(out[-1].item())
+    out = torch.zeros(n, dtype=torch.int32)
+    P.pinned_num_kv_splits(pinned, out, torch.tensor(lens, dtype=torch.int32))
+    pinned_counts.add(out[-1].item())
+assert len(stock_counts) > 1, f"control: SGLang's own count for one 5,000-token request should move with the batch"
+assert pinned_counts == {20}, pinned_counts
+print("splits ok", checked, sorted(stock_counts))
+""")
+    assert proc.returncode == 0 and "splits ok" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_sglang_decode_attention_keeps_a_requests_bits_under_the_plugin():
+    """SGLang's own Triton decode attention (interpreted, fp32): one request's output row alone and at
+    row 3 of a batch of 8 similar lengths — different bits under SGLang's split selection (it splits the
+    request's keys fewer ways among neighbours), equal bits under the plugin's."""
+    proc = run_interpreted(PRELUDE + """
+import random
+import torch
+from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+from detent_rl.rollout import sglang_plugin as P
+from test_sglang_plugin import backend
+H, KVH, D, CTX = 4, 2, 32, 4096
+g = torch.Generator().manual_seed(0)
+rng = random.Random(0)
+lens = [rng.randint(900, 1000) for _ in range(8)]  # a GRPO-like batch of similar lengths
+lens[3] = 1000  # the request under test, at row 3
+pool = sum(lens)
+k_buf, v_buf = (torch.randn(pool, KVH, D, generator=g) for _ in range(2))
+perm = torch.randperm(pool, generator=g)
+tokens, at = [], 0
+for n in lens:
+    tokens.append(perm[at:at + n])
+    at += n
+q_all = torch.randn(len(lens), H, D, generator=g)
+
+def row(rows, be, select):
+    ls = [lens[r] for r in rows]
+    indptr = torch.tensor([0] + [sum(ls[:i + 1]) for i in range(len(ls))], dtype=torch.int32)
+    indices = torch.cat([tokens[r] for r in rows]).to(torch.int32)
+    splits = torch.zeros(len(rows), dtype=torch.int32)
+    select(be, splits, torch.tensor(ls, dtype=torch.int32))
+    logits = torch.zeros(len(rows), H, be.max_kv_splits, D)
+    lse = torch.zeros(len(rows), H, be.max_kv_splits)
+    o = torch.zeros(len(rows), H, D)
+    decode_attention_fwd(q_all[rows], k_buf, v_buf, o, indptr, indices, logits, lse, splits, be.max_kv_splits,
+                         D ** -0.5, 1.0, 1.0)
+    return o[rows.index(3)], splits[rows.index(3)].item()
+
+# 16 SMs: SGLang's heuristic then splits one 1,000-token request 8 ways alone and fewer in a batch of 8
+stock = backend(max_context_len=CTX, num_head=H, num_kv_head=KVH, device_core_count=16)
+pinned = backend(max_context_len=CTX, num_head=H, num_kv_head=KVH, device_core_count=16)
+P._STATE["tile"] = 256
+P.pin_backend(None, pinned)
+alone, s_alone = row([3], stock, TritonAttnBackend.get_num_kv_splits)
+batch, s_batch = row(list(range(8)), stock, TritonAttnBackend.get_num_kv_splits)
+ref = torch.softmax(torch.einsum("hd,thd->ht", q_all[3], k_buf[tokens[3]].repeat_interleave(2, 1)) * D ** -0.5, -1)
+ref = torch.einsum("ht,thd->hd", ref, v_buf[tokens[3]].repeat_interleave(2, 1))
+assert (alone - ref).abs().max() < 1e-4 and (batch - ref).abs().max() < 1e-4
+assert s_alone != s_batch and not torch.equal(alone, batch), \\
+    f"control: SGLang's selection should split the request {s_alone} vs {s_batch} ways and change its bits"
+p_alone, n1 = row([3], pinned, P.pinned_num_kv_splits)
+p_batch, n2 = row(list(range(8)), pinned, P.pinned_num_kv_splits)
+assert n1 == n2 == 4 and torch.equal(p_alone, p_batch)
+print("attention ok", s_alone, s_batch)
+""")
+    assert proc.returncode == 0 and "attention ok" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_requests_need_their_own_seed(fresh_sglang):
+    """Seedless (and min-p) requests are refused once the hooks are applied, not before (the control);
+    a batch carries each request's own seed, so SGLang's sampler takes its seeded path. (That sampler
+    hashes seed, position and column; on a CPU it needs sgl_kernel's CPU op, so its draws are the GPU
+    run's to compare.)"""
+    SamplingParams(max_new_tokens=4, temperature=1.0).verify(vocab_size=100)  # stock SGLang takes it
+    P.register()
+    HookRegistry.apply_hooks()
+    with pytest.raises(ValueError, match="sampling_seed"):
+        SamplingParams(max_new_tokens=4, temperature=1.0).verify(vocab_size=100)
+    with pytest.raises(ValueError, match="min_p"):
+        SamplingParams(max_new_tokens=4, temperature=1.0, min_p=0.1, sampling_seed=1).verify(vocab_size=100)
+    SamplingParams(max_new_tokens=4, temperature=1.0, sampling_seed=7).verify(vocab_size=100)
+
+    reqs = [SimpleNamespace(rid=f"r{i}", sampling_params=SimpleNamespace(sampling_seed=s)) for i, s in enumerate((5, 9))]
+    info = P.seeded_batch(SimpleNamespace(device="cpu", sampling_seed=None), SamplingBatchInfo, SimpleNamespace(reqs=reqs))
+    assert info.sampling_seed.tolist() == [5, 9]
+    reqs[1].sampling_params.sampling_seed = None
+    with pytest.raises(ValueError, match=r"\['r1'\]"):
+        P.seeded_batch(SimpleNamespace(device="cpu", sampling_seed=None), SamplingBatchInfo, SimpleNamespace(reqs=reqs))
