@@ -21,30 +21,44 @@ What it pins now:
   finds nothing left to pin there (the count reads only the request's own length) and the committed
   selector gives `max_kv_splits`; the tile is the program's knob `split_tile_size`, read from the
   commitment tuple (site SITE; the program's default, 256, without one).
+- **Fused-MoE config row.** Stock SGLang picks the MoE kernel's config from the token count M (the
+  tuned table's row nearest M, or a default by M), so a token's expert GEMMs change tiles with the
+  batch. The transcribed program (`fused_moe_config`) solved for the call's deployment (device, E, N,
+  dtype, block shape, Triton version, whether SGLang ships a table) has one pin — the table row
+  (`table_key`), or on the default path the small-M switch — committed from the tuple's site
+  MOE_SITE or the solver's default. The hook hands SGLang's own `try_get_optimal_moe_config` a token
+  count whose stock selection is the committed one, so every M gets that config (and the down GEMM
+  its row); a deployment whose shipped table is not transcribed is refused by the program.
 - **Request-bound sampling.** A request must carry `sampling_seed` (refused when SGLang validates
   its sampling parameters, never given 42 as SGLang's deterministic mode does), and every batch
   samples with SGLang's seeded sampler (`multinomial_with_seed`: a hash of seed, position and
   column), whatever the batch.
 
-Not yet: FA3 and FlashInfer split parameters, the fused-MoE config row, the all-reduce for TP > 1,
+Not yet: FA3 and FlashInfer split parameters, the all-reduce for TP > 1,
 the trainer kernel set that reproduces SGLang's rollout (see the issue tracker).
 """
 from __future__ import annotations
 
+import functools
 import importlib.metadata
+import inspect
 import os
 from typing import Any, Optional
 
 import torch
 
 from detent_rl.kernels.commitment import CommitmentError, CommitmentTuple
+from detent_rl.kernels.programs.sglang import moe_config as MOE
 from detent_rl.kernels.programs.sglang import triton_decode as TD
 
 SUPPORTED_VERSIONS = ("0.5.23",)
 TRITON_BACKEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend"
 SAMPLING_PARAMS = "sglang.srt.sampling.sampling_params.SamplingParams"
 SAMPLING_BATCH = "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo"
+MOE_CONFIG = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config.try_get_optimal_moe_config"
 SITE = "sglang.triton_decode"  # the commitment tuple's site of the Triton decode split tile
+MOE_SITE = "sglang.fused_moe"  # ... and of the fused-MoE config row (pins of `fused_moe_config`)
+MOE_MAX_TOKENS = 1 << 16  # the MoE program's bound on tokens per call (a fact it only assumes)
 ENV_COMMITMENT = "DETENT_COMMITMENT"  # a commitment tuple file for processes SGLang starts
 MAX_NUM_SEQ = 1 << 16  # the selection program's bound on requests per call (a fact it only assumes)
 
@@ -69,18 +83,22 @@ def check_version(version: Optional[str] = None) -> str:
     return version
 
 
+def _site(commitment: Optional[os.PathLike | str], name: str):
+    """(path, the tuple's entry for site `name` or None); `commitment` defaults to $DETENT_COMMITMENT."""
+    path = commitment if commitment is not None else os.environ.get(ENV_COMMITMENT)
+    if not path:
+        return None, None
+    try:
+        return path, CommitmentTuple.load(path).sites.get(name)
+    except CommitmentError as e:
+        raise SGLangPluginError(str(e)) from e
+
+
 def split_tile_size(commitment: Optional[os.PathLike | str] = None) -> int:
     """The Triton decode split tile the tuple commits (site SITE, knob `split_tile_size`), or the
     program's default without a tuple. `commitment` defaults to $DETENT_COMMITMENT."""
-    path = commitment if commitment is not None else os.environ.get(ENV_COMMITMENT)
     default = TD.DEFAULT_SPLIT_TILE
-    if not path:
-        return default
-    try:
-        tuple_ = CommitmentTuple.load(path)
-    except CommitmentError as e:
-        raise SGLangPluginError(str(e)) from e
-    site = tuple_.sites.get(SITE)
+    path, site = _site(commitment, SITE)
     if site is None:
         return default
     tile = site.knobs.get("split_tile_size", default)
@@ -109,7 +127,7 @@ def backend_selector(facts: dict, tile: int):
     return sol.commit(knobs={"split_tile_size": tile})
 
 
-_STATE: dict = {"registered": False, "tile": None}
+_STATE: dict = {"registered": False, "tile": None, "moe_pins": None, "moe_path": None}
 
 
 def register(commitment: Optional[os.PathLike | str] = None) -> None:
@@ -118,10 +136,15 @@ def register(commitment: Optional[os.PathLike | str] = None) -> None:
     check_version()
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
     _STATE["tile"] = split_tile_size(commitment)
+    path, site = _site(commitment, MOE_SITE)
+    _STATE["moe_pins"], _STATE["moe_path"] = (dict(site.pins) if site is not None else None), path
+    moe_token_count.cache_clear()
+    moe_facts.cache_clear()
     if _STATE["registered"]:
         return
     HookRegistry.register(f"{TRITON_BACKEND}.__init__", pin_backend, HookType.AFTER)
     HookRegistry.register(f"{TRITON_BACKEND}.get_num_kv_splits", pinned_num_kv_splits, HookType.REPLACE)
+    HookRegistry.register(MOE_CONFIG, pinned_moe_config, HookType.AROUND)
     HookRegistry.register(f"{SAMPLING_PARAMS}.verify", require_seed, HookType.AFTER)
     HookRegistry.register(f"{SAMPLING_BATCH}.from_schedule_batch", seeded_batch, HookType.AFTER)
     _STATE["registered"] = True
@@ -159,6 +182,65 @@ def pinned_num_kv_splits(backend: Any, num_kv_splits: torch.Tensor, seq_lens: to
     lens = seq_lens.repeat_interleave(num_group) if num_group > 1 else seq_lens
     tile = backend.split_tile_size
     num_kv_splits[:] = (lens + tile - 1) // tile
+
+
+@functools.lru_cache(maxsize=None)
+def moe_facts(w2_shape: tuple, dtype: Optional[str], is_marlin: bool, block_shape: Optional[tuple],
+              per_channel_quant: bool) -> tuple:
+    """The fused-MoE program's facts (sorted items) for one call of SGLang's try_get_optimal_moe_config,
+    read from SGLang itself (device name, deterministic flag, shared-memory probe, shipped config files);
+    cached: a process serves one device and one SGLang configuration."""
+    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe_triton_config as F
+    import triton
+    E, _, N = w2_shape
+    block_n, block_k = (block_shape[0], block_shape[1]) if block_shape else (0, 0)
+    name = F.get_config_file_name(E, N, dtype, [block_n, block_k], per_channel_quant)
+    root = os.path.join(os.environ.get("SGLANG_MOE_CONFIG_DIR", os.path.dirname(os.path.realpath(F.__file__))),
+                        "configs")
+    shipped = os.path.isdir(root) and any(os.path.exists(os.path.join(root, d, name)) for d in os.listdir(root)
+                                          if d.startswith("triton_"))
+    facts = {"device_name": F.get_device_name().replace(" ", "_"), "E": E, "N": N, "dtype": dtype or "",
+             "block_n": block_n, "block_k": block_k, "per_channel_quant": bool(per_channel_quant),
+             "is_marlin": bool(is_marlin), "triton_version": triton.__version__, "tuned_config_shipped": shipped,
+             "deterministic": bool(F.get_exec().deterministic.enable_deterministic_inference),
+             "low_smem_fp8": bool(F._use_low_smem_fp8_default()), "is_hip": bool(F._is_hip), "support_tma": True,
+             "max_num_tokens": MOE_MAX_TOKENS}
+    return tuple(sorted(facts.items()))
+
+
+@functools.lru_cache(maxsize=None)
+def moe_token_count(facts_items: tuple) -> int:
+    """A token count whose stock MoE selection is the committed one (the tuple's pins at MOE_SITE or the
+    solver's default) for these facts: the pin itself where it is a table row, else the first M that
+    lands on the pinned branch."""
+    from detent_rl.selir.errors import SelectionError, SelIRError
+    from detent_rl.selir.solver import solve
+    facts = dict(facts_items)
+    try:
+        sol = solve(MOE.fused_moe_config, facts)
+        committed = sol.commit(_STATE["moe_pins"])
+    except (SelIRError, SelectionError) as e:
+        where = f"{_STATE['moe_path']}: sites.{MOE_SITE}: " if _STATE["moe_pins"] is not None else ""
+        raise SGLangPluginError(f"{where}the fused-MoE selection for {facts}: {e}") from e
+    want = committed.as_dict(committed(M=1))
+    candidates = [v for v in committed.pins.values() if isinstance(v, int) and not isinstance(v, bool)]
+    candidates += [1, facts["E"], facts["E"] + 1, *range(2, MOE_MAX_TOKENS + 1, 61)]
+    for m in candidates:
+        if 1 <= m <= MOE_MAX_TOKENS and MOE.fused_moe_config(M=m, **facts) == want:
+            return m
+    raise SGLangPluginError(f"no token count gives the committed fused-MoE selection {want} for {facts}")
+
+
+def pinned_moe_config(original: Any, *args: Any, **kwargs: Any) -> Any:
+    """Around SGLang's try_get_optimal_moe_config: the call as made, with M replaced by a token count
+    whose selection is the committed one (the same for every M)."""
+    bound = inspect.signature(original).bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    block = tuple(a["block_shape"]) if a["block_shape"] else None
+    a["M"] = moe_token_count(moe_facts(tuple(a["w2_shape"]), a["dtype"], a["is_marlin"], block,
+                                       a["per_channel_quant"]))
+    return original(*bound.args, **bound.kwargs)
 
 
 def require_seed(result: Any, params: Any, *args: Any, **kwargs: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import random
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -16,12 +17,15 @@ from sglang_env import PRELUDE, import_sglang
 sglang = import_sglang()
 
 import sglang.srt.plugins as sgl_plugins  # noqa: E402
+import triton  # noqa: E402
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
+from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe_triton_config as F  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 from detent_rl.kernels.commitment import CommitmentTuple  # noqa: E402
+from detent_rl.kernels.programs.sglang import moe_config as MOE  # noqa: E402
 from detent_rl.rollout import sglang_plugin as P  # noqa: E402
 
 ENTRY = "detent_rl.rollout.sglang_plugin:register"
@@ -33,13 +37,18 @@ PATCHED = [(TritonAttnBackend, "__init__"), (TritonAttnBackend, "get_num_kv_spli
 def fresh_sglang():
     """SGLang with no hook applied, before and after (the test loads plugins through SGLang itself)."""
     originals = [(cls, name, cls.__dict__[name]) for cls, name in PATCHED]
+    moe = F.try_get_optimal_moe_config  # the registry also rebinds modules that imported it by name
+    moe_refs = [(m, k) for m in list(sys.modules.values()) if getattr(m, "__name__", "").startswith("sglang")
+                for k, v in list(vars(m).items()) if v is moe]
 
     def reset():
         for cls, name, fn in originals:
             setattr(cls, name, fn)
+        for m, k in moe_refs:
+            setattr(m, k, moe)
         HookRegistry.reset()
         sgl_plugins._plugins_loaded = False
-        P._STATE.update(registered=False, tile=None)
+        P._STATE.update(registered=False, tile=None, moe_pins=None, moe_path=None)
     reset()
     yield
     reset()
@@ -234,3 +243,51 @@ def test_requests_need_their_own_seed(fresh_sglang):
     reqs[1].sampling_params.sampling_seed = None
     with pytest.raises(ValueError, match=r"\['r1'\]"):
         P.seeded_batch(SimpleNamespace(device="cpu", sampling_seed=None), SamplingBatchInfo, SimpleNamespace(reqs=reqs))
+
+
+def _moe_configs(device, version, ms):
+    """SGLang's (up, down) MoE configs for Qwen3-30B-A3B's experts (E 128, N 768, top-8, bf16) at each M."""
+    F.get_moe_configs.cache_clear()
+    out = [F.try_get_optimal_moe_config((128, 1536, 2048), (128, 2048, 768), 8, None, m, return_down_config=True)
+           for m in ms]
+    F.get_moe_configs.cache_clear()
+    return [(up, down) for up, (down, _) in out]
+
+
+@pytest.mark.parametrize("device,version,pin", [("NVIDIA H100 80GB HBM3", "3.7.1", "table_key"),
+                                                ("NVIDIA H200", "3.6.0", "table_key"),
+                                                ("NVIDIA A10", "3.6.0", "small_m")])
+def test_the_moe_config_row_is_pinned_in_sglangs_own_lookup(fresh_sglang, monkeypatch, tmp_path, device, version, pin):
+    """SGLang's try_get_optimal_moe_config, hooked: one config for every token count, the committed one
+    (the solver's default, or the tuple's pin); unhooked it follows M (the control). A pin the program
+    does not allow is refused, naming the tuple's site."""
+    monkeypatch.setattr(F, "get_device_name", lambda: device)
+    monkeypatch.setattr(triton, "__version__", version)
+    monkeypatch.setattr(F, "get_exec", lambda: SimpleNamespace(
+        deterministic=SimpleNamespace(enable_deterministic_inference=False)))
+    monkeypatch.delenv(P.ENV_COMMITMENT, raising=False)
+    ms = [1, 5, 16, 100, 128, 129, 700, 3000, 8192]
+    stock = _moe_configs(device, version, ms)
+    assert len({str(c) for c in stock}) > 1, "control: SGLang's MoE config follows the token count"
+    P.register()
+    HookRegistry.apply_hooks()
+    pinned = _moe_configs(device, version, ms)
+    assert len({str(c) for c in pinned}) == 1
+    facts = dict(P.moe_facts((128, 2048, 768), None, False, None, False))
+    assert facts["tuned_config_shipped"] == (pin == "table_key")
+    want = MOE.fused_moe_config(M=P.moe_token_count(tuple(sorted(facts.items()))), **facts)
+    up, down = pinned[0]
+    assert {k: v for k, v in up.items() if k != "USE_TMA"} == {
+        k.split(".", 1)[1]: v for k, v in want.items()
+        if k.startswith("up.") and k != "up.USE_TMA" and (v or k not in ("up.num_warps", "up.num_stages"))}
+    if pin == "table_key":  # the tuple's pin: row 64 of the table, for every M
+        path = CommitmentTuple({P.MOE_SITE: {"pins": {"table_key": 64}}}).save(tmp_path / "t.json")
+        P.register(path)
+        hooked = _moe_configs(device, version, ms)
+        with monkeypatch.context() as unhooked:
+            unhooked.setattr(F, "try_get_optimal_moe_config", F.try_get_optimal_moe_config.__wrapped__)
+            assert hooked == _moe_configs(device, version, [64]) * len(ms) != stock
+        bad = CommitmentTuple({P.MOE_SITE: {"pins": {"table_key": 65}}}).save(tmp_path / "bad.json")
+        P.register(bad)
+        with pytest.raises(P.SGLangPluginError, match=r"bad\.json: sites\.sglang\.fused_moe"):
+            P.moe_token_count(tuple(sorted(facts.items())))
