@@ -50,6 +50,8 @@ import torch
 from detent_rl.kernels.commitment import CommitmentError, CommitmentTuple
 from detent_rl.kernels.programs.sglang import moe_config as MOE
 from detent_rl.kernels.programs.sglang import triton_decode as TD
+from detent_rl.selir.errors import SelectionError, SelIRError
+from detent_rl.selir.solver import solve
 
 SUPPORTED_VERSIONS = ("0.5.23",)
 TRITON_BACKEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend"
@@ -119,7 +121,6 @@ def backend_facts(backend: Any) -> dict:
 
 def backend_selector(facts: dict, tile: int):
     """The committed selector of the Triton decode program for these facts and split tile."""
-    from detent_rl.selir.solver import solve
     sol = solve(TD.triton_decode_num_kv_splits, facts)
     if sol.stats["pins"]:  # the pinned path reads only the request's own length: nothing to pin
         raise SGLangPluginError(f"the Triton decode selection still reads the batch at {sol.stats['pins']} "
@@ -213,8 +214,6 @@ def moe_token_count(facts_items: tuple) -> int:
     """A token count whose stock MoE selection is the committed one (the tuple's pins at MOE_SITE or the
     solver's default) for these facts: the pin itself where it is a table row, else the first M that
     lands on the pinned branch."""
-    from detent_rl.selir.errors import SelectionError, SelIRError
-    from detent_rl.selir.solver import solve
     facts = dict(facts_items)
     try:
         sol = solve(MOE.fused_moe_config, facts)
