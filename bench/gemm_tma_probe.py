@@ -64,13 +64,8 @@ def _tma_kernel(a_desc, b_desc, bias_ptr, out_ptr, M, N, stride_om, HAS_BIAS: tl
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr,
                 FLAT: tl.constexpr, PERSIST: tl.constexpr, NUM_SMS: tl.constexpr):
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    if PERSIST:
-        first = tl.program_id(0)
-        step = NUM_SMS
-    else:
-        first = tl.program_id(0)
-        step = tiles
-    for tile_id in range(first, tiles, step):
+    step = NUM_SMS if PERSIST else tiles  # a persistent program walks tiles NUM_SMS apart; else one tile
+    for tile_id in range(tl.program_id(0), tiles, step):
         pid_m, pid_n = tile_ids(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
         total = _chunks_tile(a_desc, b_desc, off_m, off_n, NUM_CHUNKS, CHUNK_BLOCKS, BLOCK_M, BLOCK_N,

@@ -202,8 +202,7 @@ def main() -> None:
 def sync_rows(args, spec: ModelSpec, trainer: TrainerWorker, rows: dict) -> None:
     """The weight sync, both ways the driver makes it (detent_rl.train.sync_weights), timed into `rows`."""
     rollout = RolloutWorker(spec, RolloutSection(num_blocks=8, max_num_seqs=8, chunk_size=256, cuda_graphs="off"))
-    # the weight sync, both ways the driver makes it (detent_rl.train.sync_weights): in one process the
-    # engine copies the trainer's device tensors; between Ray actors host copies travel
+    # in one process the engine copies the trainer's device tensors; between Ray actors host copies travel
     rows["sync in one process: digest, device-to-device copy, digest"] = timed(
         lambda: rollout.update_weights(trainer.weights("device")), args.repeats)
     rows["sync between processes: digest + host copies (trainer)"] = timed(trainer.weights, args.repeats)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from detent_rl.kernels.attention import AttnMeta, paged_attention, store_kv
+from detent_rl.kernels.attention import AttnMeta, device_tensor, paged_attention, store_kv
 from detent_rl.kernels.embedding import embedding
 from detent_rl.kernels.log_softmax import token_logprobs
 from detent_rl.kernels.matmul import linear
@@ -145,8 +145,8 @@ class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
         logits, ids = ctx.saved_tensors
-        inv_t = torch.tensor([1.0 / (t or 1.0) for _, n, _, _, t in ctx.segments for _ in range(n)],
-                             dtype=torch.float32).to(logits.device, non_blocking=True)[:, None]
+        inv_t = device_tensor([1.0 / (t or 1.0) for _, n, _, _, t in ctx.segments for _ in range(n)],
+                              torch.float32, logits.device)[:, None]
         p = torch.softmax(logits.float() * inv_t, dim=-1)
         scale = g.float()[:, None] * inv_t
         p.mul_(-scale)
@@ -211,15 +211,16 @@ def rotary_store_autograd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos
 ATTENTION_REF_SCORE_BYTES = 1 << 30
 
 
-def _groups(cu_q: list[int], heads: int, score_bytes: int) -> list[tuple[int, int]]:
-    """Consecutive runs of sequences (first, end) whose padded fp32 scores fit `score_bytes`."""
+def _groups(cu_q: list[int], heads: int, score_bytes: int, device: torch.device
+            ) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Consecutive runs of sequences whose padded fp32 scores fit `score_bytes`: per run its rows and
+    `_padding`'s (index, sequence, position) tensors."""
     lengths = [e - s for s, e in zip(cu_q, cu_q[1:])]
-    groups, first = [], 0
+    first = 0
     for i in range(1, len(lengths) + 1):
         if i == len(lengths) or (i - first + 1) * heads * max(lengths[first:i + 1]) ** 2 * 4 > score_bytes:
-            groups.append((first, i))
+            yield (slice(cu_q[first], cu_q[i]), *_padding(tuple(lengths[first:i]), device))
             first = i
-    return groups
 
 
 @functools.lru_cache(maxsize=16)
@@ -267,9 +268,7 @@ def _attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: list
     padded at their ends into one [B, H, L, D] batch and attended in one causal call per group; pad
     rows are zeros at the ends, never seen by a real row (they come later), their outputs dropped."""
     outs = []
-    for a, b in _groups(cu_q, q.shape[1], score_bytes):
-        rows = slice(cu_q[a], cu_q[b])
-        index, seq, at = _padding(tuple(e - s for s, e in zip(cu_q[a:b], cu_q[a + 1:b + 1])), q.device)
+    for rows, index, seq, at in _groups(cu_q, q.shape[1], score_bytes, q.device):
         o = _sdpa(_pad(q[rows], index), _pad(k[rows], index), _pad(v[rows], index), scale)
         outs.append(o.transpose(1, 2)[seq, at].to(q.dtype))
     return torch.cat(outs) if len(outs) > 1 else outs[0]
@@ -283,9 +282,7 @@ def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
     accumulating scatter, no autograd graph around them), under PyTorch's deterministic algorithms."""
     grads = []
     with _deterministic():
-        for a, b in _groups(cu_q, q.shape[1], score_bytes):
-            rows = slice(cu_q[a], cu_q[b])
-            index, seq, at = _padding(tuple(e - s for s, e in zip(cu_q[a:b], cu_q[a + 1:b + 1])), q.device)
+        for rows, index, seq, at in _groups(cu_q, q.shape[1], score_bytes, q.device):
             leaves = [_pad(x[rows], index).requires_grad_(True) for x in (q, k, v)]
             with torch.enable_grad():
                 o = _sdpa(*leaves, scale)

@@ -85,13 +85,13 @@ def check_version(version: Optional[str] = None) -> str:
     return version
 
 
-def _site(commitment: Optional[os.PathLike | str], name: str):
-    """(path, the tuple's entry for site `name` or None); `commitment` defaults to $DETENT_COMMITMENT."""
+def _tuple(commitment: Optional[os.PathLike | str]) -> tuple[Optional[str], Optional[CommitmentTuple]]:
+    """(path, the commitment tuple), or (None, None) without one; `commitment` defaults to $DETENT_COMMITMENT."""
     path = commitment if commitment is not None else os.environ.get(ENV_COMMITMENT)
     if not path:
         return None, None
     try:
-        return path, CommitmentTuple.load(path).sites.get(name)
+        return path, CommitmentTuple.load(path)
     except CommitmentError as e:
         raise SGLangPluginError(str(e)) from e
 
@@ -99,8 +99,12 @@ def _site(commitment: Optional[os.PathLike | str], name: str):
 def split_tile_size(commitment: Optional[os.PathLike | str] = None) -> int:
     """The Triton decode split tile the tuple commits (site SITE, knob `split_tile_size`), or the
     program's default without a tuple. `commitment` defaults to $DETENT_COMMITMENT."""
+    return _split_tile(*_tuple(commitment))
+
+
+def _split_tile(path: Optional[str], tuple_: Optional[CommitmentTuple]) -> int:
     default = TD.DEFAULT_SPLIT_TILE
-    path, site = _site(commitment, SITE)
+    site = tuple_.sites.get(SITE) if tuple_ is not None else None
     if site is None:
         return default
     tile = site.knobs.get("split_tile_size", default)
@@ -136,8 +140,9 @@ def register(commitment: Optional[os.PathLike | str] = None) -> None:
     SGLang's `load_plugins()` applies them; a caller outside it runs `HookRegistry.apply_hooks()`."""
     check_version()
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-    _STATE["tile"] = split_tile_size(commitment)
-    path, site = _site(commitment, MOE_SITE)
+    path, tuple_ = _tuple(commitment)
+    _STATE["tile"] = _split_tile(path, tuple_)
+    site = tuple_.sites.get(MOE_SITE) if tuple_ is not None else None
     _STATE["moe_pins"], _STATE["moe_path"] = (dict(site.pins) if site is not None else None), path
     moe_token_count.cache_clear()
     moe_facts.cache_clear()

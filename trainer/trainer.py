@@ -24,8 +24,8 @@ from typing import Optional
 import torch
 
 from detent_rl.config import TrainSection
-from detent_rl.models.model import CausalLM
 from detent_rl.kernels.attention import device_tensor
+from detent_rl.models.model import CausalLM
 from detent_rl.models.runner import completion_logprobs
 from detent_rl.trainer.grpo import normalizer, stats_dict, tokens_loss
 
@@ -127,7 +127,6 @@ class _FlatGrads:
         for flat, flat_master in self.pairs:
             flat_master.add_(flat)
             flat.zero_()
-
 
 
 def _no_stats() -> dict:
