@@ -168,9 +168,9 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_
                  acc, mask=row_ok[:, None])
 
 @triton.jit
-def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, pos_ptr, stride_mt, stride_mh, stride_ot, stride_oh,
-                    stride_os, stride_outt, stride_outh, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr,
-                    PDL: tl.constexpr):
+def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, pos_ptr, lse_ptr, stride_mt, stride_mh, stride_ot, stride_oh,
+                    stride_os, stride_outt, stride_outh, stride_lh, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr,
+                    LSE: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
@@ -187,6 +187,8 @@ def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, pos_ptr, stride_mt, stride_mh,
         total += tl.load(l_ptr + base + j) * w
         acc += tl.load(o_ptr + t * stride_ot + h * stride_oh + j * stride_os + d) * w
     tl.store(out_ptr + t * stride_outt + h * stride_outh + d, (acc / total).to(out_ptr.dtype.element_ty))
+    if LSE:  # the row's log-sum-exp of its scaled scores, [H, T]: what a FlashAttention backward takes
+        tl.store(lse_ptr + h * stride_lh + t + tl.arange(0, 1), mx + tl.log(total))
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta, block_n: int,
@@ -203,8 +205,10 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta, *,
                     scale: float, block_n: int, split_size: int, num_splits: int, num_warps: int = 4,
-                    num_stages: int = 2, prefetch: bool = False) -> torch.Tensor:
+                    num_stages: int = 2, prefetch: bool = False, lse: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] over the paged caches (which already hold the step's keys).
+    `lse` (fp32 [H, T], GPU only) receives each row's log-sum-exp of its scaled scores, from the same
+    split maxima and sums the output is divided by (the trainer's FlashAttention backward takes it).
     `prefetch` loads each KV block's pages and keys one iteration ahead, in registers, so that a
     split's chain of blocks is not one dependent pair of loads (page id, then key) after another: the
     same arithmetic in the same order, a schedule (the selection's `kv_prefetch`; tests compare both)."""
@@ -214,7 +218,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if T == 0:
         return out
     if not (q.is_cuda or interpreting()):
+        assert lse is None, "the log-sum-exp output is the Triton kernel's"
         return _attention_cpu(q, k_cache, v_cache, meta, scale, block_n, split_size, out)
+    assert lse is None or (lse.shape == (H, T) and lse.dtype == torch.float32 and lse.stride(1) == 1)
     m = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)
     lsum = torch.empty_like(m)
     o = torch.empty((T, H, num_splits, D), dtype=torch.float32, device=q.device)
@@ -226,9 +232,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         GROUP=H // k_cache.shape[2], PACK=meta.pack, PAGE=k_cache.shape[1], HEAD_DIM=D, BLOCK_M=meta.block_m, BLOCK_N=block_n,
         SPLIT=split_size, IEEE=q.dtype == torch.float32, UPCAST=interpreting() and q.dtype != torch.float32,
         PREFETCH=prefetch, num_warps=num_warps, num_stages=num_stages, **pdl(q))
-    _combine_kernel[(T, H)](m, lsum, o, out, meta.token_pos, m.stride(0), m.stride(1), o.stride(0),
-                            o.stride(1), o.stride(2), out.stride(0), out.stride(1), HEAD_DIM=D, SPLIT=split_size,
-                            **pdl(q))
+    _combine_kernel[(T, H)](m, lsum, o, out, meta.token_pos, lse if lse is not None else m, m.stride(0),
+                            m.stride(1), o.stride(0), o.stride(1), o.stride(2), out.stride(0), out.stride(1),
+                            lse.stride(0) if lse is not None else 0, HEAD_DIM=D, SPLIT=split_size,
+                            LSE=lse is not None, **pdl(q))
     return out
 
 

@@ -293,18 +293,49 @@ def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
     return tuple(torch.cat(parts) for parts in zip(*grads))
 
 
+def _flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                    g: torch.Tensor, cu_q: list[int], scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradient of causal attention by FlashAttention's varlen backward (PyTorch's build), at our
+    forward's own output and log-sum-exp ([H, T]): no forward recomputed for them (the padded path's
+    autograd.grad reran flash's forward, 96 of 334 ms of a 1.5B long-context backward on the H200),
+    no padding, the GQA heads summed by the kernel (k, v not repeated). Deterministic under PyTorch's
+    deterministic algorithms (its dq accumulation then runs in a fixed order)."""
+    cu = torch.tensor(cu_q, dtype=torch.int32, device=q.device)
+    longest = max(b - a for a, b in zip(cu_q, cu_q[1:]))
+    rng = torch.empty(2, dtype=torch.uint64, device=q.device)  # dropout 0: no Philox state is read
+    with _deterministic():
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            g.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out, lse, cu, cu, longest, longest,
+            0.0, True, rng, rng.new_empty(()), scale=scale)
+    return dq, dk, dv
+
+
+def flash_backward_applies(q: torch.Tensor) -> bool:
+    """16-bit CUDA attention takes `_flash_backward`; fp32 and the CPU the padded SDPA path."""
+    return q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
+
+
 class _Attention(torch.autograd.Function):
-    """The engine's store_kv + paged_attention for a one-shot prefill; the gradient `_attention_backward`."""
+    """The engine's store_kv + paged_attention for a one-shot prefill; the gradient by `_flash_backward`
+    (16-bit, CUDA: the forward also writes each row's log-sum-exp) or `_attention_backward`."""
 
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: Callable, cu: list[int],
                 scale: float) -> torch.Tensor:
+        ctx.cu, ctx.scale, ctx.flash = cu, scale, flash_backward_applies(q)
+        if ctx.flash:
+            lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+            out = kernel(q, k, v, lse)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
         ctx.save_for_backward(q, k, v)
-        ctx.cu, ctx.scale = cu, scale
         return kernel(q, k, v)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
+        if ctx.flash:
+            q, k, v, out, lse = ctx.saved_tensors
+            return (*_flash_backward(q, k, v, out, lse, g, ctx.cu, ctx.scale), None, None, None)
         q, k, v = ctx.saved_tensors
         return (*_attention_backward(q, k, v, g, ctx.cu, ctx.scale), None, None, None)
 
@@ -341,8 +372,8 @@ def attention_autograd(q: torch.Tensor, k: Optional[torch.Tensor], v: torch.Tens
                          "(its keys all in the step); this step has a cached prefix")
     cu = list(meta.cu_q_host) if meta.cu_q_host is not None else meta.cu_q.tolist()
 
-    def kernel(q, k, v):
+    def kernel(q, k, v, lse=None):
         store_kv(k, v, k_cache, v_cache, slots)
-        return paged_attention(q, k_cache, v_cache, meta, scale=scale, **params)
+        return paged_attention(q, k_cache, v_cache, meta, scale=scale, lse=lse, **params)
 
     return _Attention.apply(q, k, v, kernel, cu, scale)

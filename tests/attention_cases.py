@@ -46,6 +46,8 @@ class Requests:
         self.scale = D ** -0.5
         self.pack: int | None = None  # None: what the selection asks for; 1 or the group: forced
         self.prefetch = True  # the kernel's KV prefetch (a schedule)
+        self.keep_lse = False  # ask the kernel for each row's log-sum-exp ([H, T], into `self.lse`)
+        self.lse: torch.Tensor | None = None
 
     def step(self, spans: list[tuple[int, int, int]], sel) -> list[torch.Tensor]:
         """One engine step: spans of (request, first position, count); returns each span's rows."""
@@ -58,9 +60,10 @@ class Requests:
         pack = pack_of(cfg, self.q[0].shape[1], self.k[0].shape[1]) if self.pack is None else self.pack
         meta = attn_meta([n for _, _, n in spans], [p for _, p, _ in spans], table.to(self.device), cfg.block_m,
                          pack)
+        self.lse = torch.empty(q.shape[1], q.shape[0], device=self.device) if self.keep_lse else None
         out = paged_attention(q, self.k_cache, self.v_cache, meta, scale=self.scale, block_n=cfg.block_n,
                               split_size=cfg.split_size, num_splits=cfg.num_splits, num_warps=cfg.num_warps,
-                              num_stages=2, prefetch=self.prefetch)
+                              num_stages=2, prefetch=self.prefetch, lse=self.lse)
         rows, at = [], 0
         for _, _, n in spans:
             rows.append(out[at:at + n])

@@ -267,3 +267,35 @@ def test_gpu_backward_kernels_match_their_pytorch_forms(dtype):
         gy = torch.randn(rows, inter, generator=g, device="cuda").to(dtype)
         got, want = S._silu_and_mul_backward_triton(x, gy), S._silu_and_mul_backward_torch(x, gy)
         assert torch.allclose(got.float(), want.float(), rtol=tol, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_flash_backward_at_our_lse_is_the_padded_gradient_and_deterministic(tmp_path, monkeypatch):
+    """bf16 on the GPU: the attention gradient by FlashAttention's varlen backward at our forward's own
+    output and log-sum-exp equals, to bf16 rounding, the padded SDPA path's (which reruns flash's
+    forward), and repeats bit for bit. Control: the same backward told that the micro-batch is one
+    sequence (rows attending other sequences' keys) strays far past the bound."""
+    from detent_rl.kernels import autograd as A
+    model = load_model(save(hf_model("qwen2"), tmp_path), "detent", device="cuda", dtype=torch.bfloat16, **LIMITS)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    batch, temps = _batch(3)
+
+    def grads() -> dict[str, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        torch.stack([x.sum() for x in completion_logprobs(model, batch, temps)]).sum().backward()
+        return {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    def worst(a: dict, b: dict) -> float:
+        return max(((a[n] - b[n]).norm() / b[n].norm().clamp(min=1e-12)).item() for n in b)
+
+    flash = grads()
+    assert all(torch.equal(a, flash[n]) for n, a in grads().items()), "the flash backward must repeat its bits"
+    real_applies, real_backward = A.flash_backward_applies, A._flash_backward
+    monkeypatch.setattr(A, "flash_backward_applies", lambda q: False)
+    padded = grads()
+    assert worst(flash, padded) < 3e-2, worst(flash, padded)
+    monkeypatch.setattr(A, "flash_backward_applies", real_applies)
+    monkeypatch.setattr(A, "_flash_backward", lambda q, k, v, out, lse, g, cu, scale:
+                        real_backward(q, k, v, out, lse, g, [0, cu[-1]], scale))
+    assert worst(grads(), padded) > 0.1, "control: one merged sequence must change the gradients"

@@ -33,7 +33,8 @@ def test_packed_tiles_interpreted():
     """The Triton kernel's packed rows (a tile = queries x the heads of one GQA group) address the
     same queries, heads and outputs as the unpacked ones, with and without the KV prefetch (pages and
     keys loaded one block ahead): under the CPU interpreter all equal the reference, on prefill,
-    chunked and decode steps whose keys cross pages and splits (logic only; the GPU tests compare bits)."""
+    chunked and decode steps whose keys cross pages and splits (logic only; the GPU tests compare bits).
+    The log-sum-exp the combine writes for the trainer's backward equals each row's, split or not."""
     from interpreted import run_interpreted
     proc = run_interpreted("""
 import torch
@@ -44,8 +45,17 @@ _, detent = selections(facts)
 small = lambda *a: detent(*a)._replace(block_m=16, block_n=16, split_size=32, num_splits=16, num_stages=1)
 reqs = Requests([36, 3, 1], facts, torch.float32, "cpu", seed=2)
 for pack, prefetch in ((1, True), (3, True), (3, False)):
-    reqs.pack, reqs.prefetch = pack, prefetch
+    reqs.pack, reqs.prefetch, reqs.keep_lse = pack, prefetch, True
     outs = reqs.step([(0, 0, 36), (1, 0, 3), (2, 0, 1)], small)
+    at = 0
+    for r, n in ((0, 36), (1, 3), (2, 1)):  # each row's log-sum-exp of its scaled causal scores
+        rep = reqs.q[r].shape[1] // reqs.k[r].shape[1]
+        s = torch.einsum("qhd,khd->hqk", reqs.q[r], reqs.k[r].repeat_interleave(rep, 1)) * reqs.scale
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        err = (reqs.lse[:, at:at + n] - torch.logsumexp(s, -1)).abs().max().item()
+        assert err < 1e-5, ("lse", pack, r, err)
+        at += n
+    reqs.keep_lse = False
     outs += [torch.cat([reqs.step([(0, 0, 17)], small)[0], reqs.step([(0, 17, 19)], small)[0]])]
     outs += [torch.cat([reqs.step([(1, 0, 2)], small)[0], reqs.step([(1, 2, 1)], small)[0]])]
     for out, r in zip(outs, (0, 1, 2, 0, 1)):
