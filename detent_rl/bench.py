@@ -345,6 +345,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--stock-pdl", default="on,off",
                     help="the stock arm runs once per setting of our kernels' PDL (on, off) and keeps its faster run")
     ap.add_argument("--load", type=float, default=0.5, help="poisson: arrival rate as a share of stock's offline rate")
+    ap.add_argument("--max-num-tokens", type=int, default=8192,
+                    help="every arm's deployment limit on tokens per forward (a tuned tuple names its own: match it)")
     ap.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
     ap.add_argument("--out", required=True, help="folder for bench.md, bench.json, bench.png")
     args = ap.parse_args(argv)
@@ -370,7 +372,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     longest = max(shapes.decode_prompt + shapes.decode_new, shapes.poisson_prompt[1] + shapes.poisson_new[1],
                   shapes.grpo[2] + shapes.grpo[3], shapes.long[1] + shapes.long[2] if "long" in cases else 0)
     limits = dict(max_context=longest + 16, max_batch=max(64, shapes.grpo[0] * shapes.grpo[1]),
-                  max_num_tokens=8192)
+                  max_num_tokens=args.max_num_tokens)
     commitment = CommitmentTuple.load(args.commitment) if args.commitment else None
     load = lambda arm: load_model(path, "detent" if arm == "tuned" else arm,  # noqa: E731
                                   device=args.device, dtype=getattr(torch, args.dtype),
