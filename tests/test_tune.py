@@ -5,6 +5,8 @@ keeps its invariance (rollout == rescore, alone == batched)."""
 from __future__ import annotations
 
 import json
+import math
+from collections import Counter
 
 import pytest
 import torch
@@ -14,9 +16,7 @@ from detent_rl.models import load_model
 from detent_rl.models.layers import Linear
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
-from collections import Counter
-
-from detent_rl.tune import BUDGET, MAX_CALLS, Workload, _thinned, main, search, tune
+from detent_rl.tune import BUDGET, LADDER, MAX_CALLS, Workload, _thinned, candidates, main, search, tune
 from test_models import LIMITS, hf_model, save, sequences
 
 
@@ -71,6 +71,44 @@ def test_search_measures_a_tenth_of_a_large_grid_and_reaches_the_separable_optim
     small = legal[:6]
     best, measured = search(axes, small, small[0], cost)
     assert len(measured) == 6 and best == min(small, key=cost)
+
+
+def test_a_long_numeric_axis_is_bracketed_and_coupled_values_move_together():
+    """The attention split's shape of grid: ~100 sizes, each with its one covering count (coupled: no
+    single-axis move stays legal). The bracket finds the optimum in a few rounds of LADDER samples."""
+    sizes = sorted({64 * k for k in range(2, 190)} & {64 * round(128 * 1.04 ** e / 64) for e in range(120)})
+    legal = [(f, -(-12080 // s), s) for f in (False, True) for s in sizes]
+    cost = lambda a: (math.log(a[2]) - math.log(512)) ** 2 + 0.1 * a[0] + 1.0  # noqa: E731
+    best, measured = search(("is_decode", "num_splits", "split_size"), legal, (False, 12, 1024), cost, budget=10_000)
+    assert best == (False, 24, 512) and best == min(legal, key=cost)
+    assert len(measured) <= 6 * LADDER, len(measured)
+    # clustered values (most samples in log space land on one end) still narrow to the optimum
+    vals = [1] + list(range(1000, 1040))
+    best, measured = search(("x",), [(v,) for v in vals], (1,), lambda a: abs(a[0] - 1017) + 1.0, budget=10_000)
+    assert best == (1017,) and len(measured) < len(vals)
+
+
+def test_attention_candidates_are_one_per_distinct_launch():
+    """The long-context deployment's attention grid (115,050 legal assignments: split size x count x
+    stride x decode tiles) comes down to one candidate per distinct launch over the recorded calls,
+    each with the fewest splits covering the context; an assignment with a surplus split is legal but
+    not measured."""
+    from detent_rl.kernels.programs.attention import REFERENCE_FACTS, attention_program
+    from detent_rl.selir.solver import solve
+    facts = {**REFERENCE_FACTS, "max_context": 12080, "max_num_tokens": 16384, "page_size": 16}
+    sol = solve(attention_program, facts)
+    calls = Counter({(2, 1, 2, k): 1 for k in range(12001, 12065)})  # decode steps, then the prefills
+    calls.update({(1, 12000, 12000, 12000): 2, (1, 12064, 12064, 12064): 2})
+    default = sol.assignment({"is_decode": False, "num_splits": 12, "split_size": 1024}, {"split_stride": 0})
+    kept = candidates("attention", sol, default, calls, facts)
+    legal = set(sol.legal)
+    assert len(legal) > 100_000 and 50 < len(kept) < 300 and kept[0] == default and set(kept) <= legal
+    count, size = sol.axes.index("num_splits"), sol.axes.index("split_size")
+    assert all(a[count] == -(-12080 // a[size]) for a in kept)
+    launches = [tuple(repr(sol.commit(*sol.split(a))(*x)) for x in sorted(calls)) for a in kept]
+    assert len(set(launches)) == len(kept)
+    surplus = default[:count] + (13,) + default[count + 1:]
+    assert surplus in legal and surplus not in kept
 
 
 def test_many_distinct_calls_are_replayed_through_a_few_with_their_weight():
