@@ -16,7 +16,8 @@ What it pins now:
   request count, the SM count), so a request's attention output changes bits with its neighbours.
   With the plugin a request's split count comes from its own KV length and a fixed split tile,
   `ceil(len / tile)` — SGLang's own deterministic path, without the rest of its deterministic mode —
-  and the split buffers hold `ceil(context / tile)` splits. Both come from the transcribed selection
+  and the split buffers hold `ceil(context / tile)` splits (SGLang's work-stealing Lean decode, a
+  ROCm path, is turned off). Both come from the transcribed selection
   program (`triton_decode_num_kv_splits`) solved for the backend's facts on that path: the solver
   finds nothing left to pin there (the count reads only the request's own length) and the committed
   selector gives `max_kv_splits`; the tile is the program's knob `split_tile_size`, read from the
@@ -174,6 +175,9 @@ def pin_backend(result: Any, backend: Any, *args: Any, **kwargs: Any) -> None:
     backend.split_tile_size = tile
     backend.max_kv_splits = top.max_kv_splits
     backend.static_kv_splits = False
+    # SGLang's Lean decode (ROCm): a persistent grid whose programs steal KV tiles, so a row's partial
+    # sums follow the batch; its deterministic mode turns it off the same way
+    backend.enable_lean_attention = False
     backend.detent_selector = selector
 
 

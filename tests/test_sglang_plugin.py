@@ -94,7 +94,8 @@ def backend(**kw):
     40,960-token context, on 132 SMs), as SGLang's __init__ leaves them by default."""
     return SimpleNamespace(**{"num_head": 32, "num_kv_head": 4, "max_kv_splits": 8, "device_core_count": 132,
                               "max_context_len": 40960, "use_mla": False, "static_kv_splits": False,
-                              "enable_deterministic": False, "split_tile_size": None, **kw})
+                              "enable_deterministic": False, "split_tile_size": None,
+                              "enable_lean_attention": None, **kw})
 
 
 def test_the_pinned_backend_takes_its_splits_from_the_committed_selector(fresh_sglang):
@@ -104,6 +105,7 @@ def test_the_pinned_backend_takes_its_splits_from_the_committed_selector(fresh_s
     be = backend()
     P.pin_backend(None, be)
     assert (be.split_tile_size, be.max_kv_splits, be.static_kv_splits) == (512, 80, False)
+    assert be.enable_lean_attention is False  # SGLang's work-stealing decode (ROCm) never runs pinned
     rng = random.Random(0)
     target = 3000
     seen = set()
