@@ -16,8 +16,11 @@ What it pins now:
   request count, the SM count), so a request's attention output changes bits with its neighbours.
   With the plugin a request's split count comes from its own KV length and a fixed split tile,
   `ceil(len / tile)` — SGLang's own deterministic path, without the rest of its deterministic mode —
-  and the split buffers hold `ceil(context / tile)` splits (SGLang's work-stealing Lean decode, a
-  ROCm path, is turned off). Both come from the transcribed selection
+  and the split buffers hold `ceil(context / tile)` splits. The backend's prefill takes its
+  deterministic extend path (the unified one-stage kernel: chunked prefill and prefix hits keep a
+  prompt row's bits) and SGLang's work-stealing Lean decode (ROCm) is off. The trainer reproduces
+  these rows with the same two kernels (`rollout/sglang_attention.py`). Both counts come from the
+  transcribed selection
   program (`triton_decode_num_kv_splits`) solved for the backend's facts on that path: the solver
   finds nothing left to pin there (the count reads only the request's own length) and the committed
   selector gives `max_kv_splits`; the tile is the program's knob `split_tile_size`, read from the
@@ -35,8 +38,10 @@ What it pins now:
   samples with SGLang's seeded sampler (`multinomial_with_seed`: a hash of seed, position and
   column), whatever the batch.
 
-Not yet: FA3 and FlashInfer split parameters, the all-reduce for TP > 1,
-the trainer kernel set that reproduces SGLang's rollout (see the issue tracker).
+The trainer's side of the attention is `rollout/sglang_attention.py` (SGLang's two kernels, each row
+the way the rollout computed it). Not yet: FA3 and FlashInfer split parameters, the all-reduce for
+TP > 1, the rest of the trainer's kernel set (linears, norms, the LM head as SGLang's model runs
+them) and `rollout.backend: sglang` (see the issue tracker).
 """
 from __future__ import annotations
 
@@ -178,6 +183,12 @@ def pin_backend(result: Any, backend: Any, *args: Any, **kwargs: Any) -> None:
     # SGLang's Lean decode (ROCm): a persistent grid whose programs steal KV tiles, so a row's partial
     # sums follow the batch; its deterministic mode turns it off the same way
     backend.enable_lean_attention = False
+    # the backend's own deterministic paths: the unified one-stage extend kernel (the two-stage one walks
+    # the cached prefix and the new chunk separately, so chunked prefill moved a prompt row's bits:
+    # tests/test_sglang_plugin.py) and window alignment; its split count is this plugin's (the
+    # get_num_kv_splits hook), and SGLang's process-wide deterministic mode (its seed 42, its
+    # batch-invariant ops) stays off
+    backend.enable_deterministic = True
     backend.detent_selector = selector
 
 

@@ -103,3 +103,83 @@ def compositions(n: int, target: int, seed: int = 0) -> list[list[int]]:
             out.append(rows)
     out.append(list(range(n)))
     return out
+
+
+def sglang_rollout_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: list[int], prompts: list[int], *,
+                        tile: int, context: int, seed: int = 0) -> torch.Tensor:
+    """Every row of packed sequences as SGLang's Triton backend computes them in a rollout under the
+    plugin: the prompts prefilled by the unified extend kernel in chunks (the first prompt in two, the
+    second chunk batched with the other prompts, each chunk after its cached prefix), then one decode
+    step per completion token, each sequence's row decoded among the other live sequences and a random
+    number of unrelated requests, its split count the plugin's. The keys sit scattered in a token pool
+    (with the unrelated requests' keys), as SGLang's allocator leaves them."""
+    from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd_unified
+    from detent_rl.rollout import sglang_plugin as P
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    rng = random.Random(seed)
+    dev, T, H, D = q.device, q.shape[0], q.shape[1], q.shape[2]
+    extra = 3 * context // 4  # keys of the unrelated requests
+    pool_k = torch.randn(T + extra, *k.shape[1:], generator=g).to(k.dtype).to(dev)
+    pool_v = torch.randn(T + extra, *v.shape[1:], generator=g).to(v.dtype).to(dev)
+    slot = torch.randperm(T + extra, generator=g).to(dev)[:T]  # token t's key at pool row slot[t]
+    pool_k[slot], pool_v[slot] = k, v
+    free = sorted(set(range(T + extra)) - set(slot.tolist()))
+    i32 = dict(dtype=torch.int32, device=dev)
+    out = torch.full_like(q, float("nan"))
+    scale = D ** -0.5
+
+    def extend(chunks: list[tuple[int, int, int]]) -> None:  # (sequence start, prefix, chunk length)
+        rows = torch.cat([torch.arange(a + pre, a + pre + n, device=dev) for a, pre, n in chunks])
+        kv = [slot[a:a + pre + n] for a, pre, n in chunks]
+        o = torch.empty((rows.shape[0], H, D), dtype=q.dtype, device=dev)
+        extend_attention_fwd_unified(
+            q[rows].contiguous(), o, pool_k, pool_v, 1.0, 1.0,
+            torch.tensor([0] + _running([n for _, _, n in chunks]), **i32),
+            torch.tensor([0] + _running([pre + n for _, pre, n in chunks]), **i32), torch.cat(kv).to(torch.int32),
+            torch.tensor([pre for _, pre, _ in chunks], **i32), max(n for _, _, n in chunks), sm_scale=scale,
+            is_causal=True)
+        out[rows] = o
+
+    first = max(1, prompts[0] // 2)
+    extend([(cu[0], 0, first)])
+    extend([(cu[0], first, prompts[0] - first)] + [(a, 0, p) for a, p in zip(cu[1:-1], prompts[1:])])
+    be = SimpleNamespace(num_head=H, num_kv_head=k.shape[1], max_kv_splits=STOCK_MAX_KV_SPLITS, device_core_count=132,
+                         max_context_len=context, use_mla=False, static_kv_splits=False,
+                         enable_deterministic=False, split_tile_size=None, enable_lean_attention=None)
+    P._STATE["tile"] = tile
+    P.pin_backend(None, be)
+    step = 0
+    while True:
+        live = [(a + p + step, a) for a, b, p in zip(cu, cu[1:], prompts) if a + p + step < b]
+        if not live:
+            break
+        others = [sorted(rng.sample(free, rng.randint(1, min(len(free), context // 2))))
+                  for _ in range(rng.randint(0, 5))]
+        kv = [slot[a:r + 1] for r, a in live] + [torch.tensor(o, device=dev) for o in others]
+        order = list(range(len(kv)))
+        rng.shuffle(order)  # the sequences' rows land anywhere in the batch
+        kv = [kv[i] for i in order]
+        queries = torch.cat([q[[r for r, _ in live]], torch.randn(len(others), H, D, generator=g).to(q.dtype).to(dev)])
+        queries = queries[order]
+        lens = torch.tensor([len(x) for x in kv], **i32)
+        splits = torch.empty(len(kv), **i32)
+        P.pinned_num_kv_splits(be, splits, lens)
+        logits = torch.empty((len(kv), H, be.max_kv_splits, D), dtype=torch.float32, device=dev)
+        lse = torch.empty((len(kv), H, be.max_kv_splits), dtype=torch.float32, device=dev)
+        o = torch.empty((len(kv), H, D), dtype=q.dtype, device=dev)
+        decode_attention_fwd(queries.contiguous(), pool_k, pool_v, o, torch.tensor([0] + _running(lens.tolist()), **i32),
+                             torch.cat(kv).to(torch.int32), logits, lse, splits, be.max_kv_splits, scale, 1.0, 1.0)
+        for j, i in enumerate(order):
+            if i < len(live):
+                out[live[i][0]] = o[j]
+        step += 1
+    return out
+
+
+def _running(values: list[int]) -> list[int]:
+    total, out = 0, []
+    for v in values:
+        total += v
+        out.append(total)
+    return out

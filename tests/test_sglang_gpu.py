@@ -47,3 +47,27 @@ def test_a_requests_decode_row_keeps_its_bits_only_under_pinned_splits(heads, kv
     assert patterns[("stock", 0)] > 1, f"control: SGLang's stock splits {counts[('stock', 0)]} should change bits"
     for key in (("deterministic", 256), ("detent", 256), ("detent", 1024)):
         assert patterns[key] == 1 and len(counts[key]) == 1, (key, patterns[key], counts[key])
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", HEADS, ids=["32x8x128", "14x2x64"])
+def test_the_trainer_reproduces_an_sglang_rollout(heads, kv_heads, dim):
+    """bf16 on the GPU: two sequences rolled out by SGLang's own kernels as the pinned backend runs them
+    (chunked unified prefill, then one decode step per token among other requests), recomputed by the
+    trainer's `rollout_attention` in one pass: every row equal. Control: the one-shot prefill (the
+    extend kernel over whole sequences) misses the completion rows' bits."""
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd_unified
+    from sglang_decode_cases import sglang_rollout_rows
+    from detent_rl.rollout.sglang_attention import rollout_attention
+    g = torch.Generator(device="cpu").manual_seed(0)
+    cu, prompts, tile, context = [0, 1400, 2300], [300, 150], 256, 4096
+    q, k, v = (torch.randn(cu[-1], h, dim, generator=g).to(torch.bfloat16).cuda() for h in (heads, kv_heads, kv_heads))
+    rolled = sglang_rollout_rows(q, k, v, cu, prompts, tile=tile, context=context)
+    trained = rollout_attention(q, k, v, cu, prompts, tile=tile, context=context, scale=dim ** -0.5)
+    assert not torch.isnan(rolled).any() and torch.equal(trained, rolled)
+    i32 = dict(dtype=torch.int32, device="cuda")
+    one_shot = torch.empty_like(q)
+    extend_attention_fwd_unified(q, one_shot, k, v, 1.0, 1.0, torch.tensor(cu, **i32), torch.tensor(cu, **i32),
+                                 torch.arange(cu[-1], **i32), torch.zeros(2, **i32), 1400, sm_scale=dim ** -0.5,
+                                 is_causal=True)
+    completion = torch.cat([torch.arange(a + p, b) for a, b, p in zip(cu, cu[1:], prompts)]).cuda()
+    assert not torch.equal(one_shot[completion], rolled[completion]), "control: a one-shot prefill must differ"

@@ -106,6 +106,7 @@ def test_the_pinned_backend_takes_its_splits_from_the_committed_selector(fresh_s
     P.pin_backend(None, be)
     assert (be.split_tile_size, be.max_kv_splits, be.static_kv_splits) == (512, 80, False)
     assert be.enable_lean_attention is False  # SGLang's work-stealing decode (ROCm) never runs pinned
+    assert be.enable_deterministic is True  # the backend's unified extend kernel for prefill
     rng = random.Random(0)
     target = 3000
     seen = set()
@@ -293,3 +294,44 @@ def test_the_moe_config_row_is_pinned_in_sglangs_own_lookup(fresh_sglang, monkey
         P.register(bad)
         with pytest.raises(P.SGLangPluginError, match=r"bad\.json: sites\.sglang\.fused_moe"):
             P.moe_token_count(tuple(sorted(facts.items())))
+
+
+def test_the_trainer_reproduces_an_sglang_rollout_interpreted():
+    """SGLang's own kernels, interpreted (fp32): two sequences rolled out the way the pinned backend runs
+    them — prompts prefilled in chunks by the unified extend kernel, completions decoded one token a
+    step among other requests — and then recomputed by the trainer in one pass
+    (`rollout_attention`): every row equal. Controls: the trainer's natural one-shot prefill (the
+    extend kernel over whole sequences) misses the completion rows' bits, and SGLang's default
+    two-stage extend kernel gives a chunked prompt other bits than a one-shot one (why the plugin
+    takes the backend's unified path)."""
+    proc = run_interpreted(PRELUDE + """
+import torch
+from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd, extend_attention_fwd_unified
+from sglang_decode_cases import sglang_rollout_rows
+from detent_rl.rollout.sglang_attention import rollout_attention
+g = torch.Generator().manual_seed(0)
+H, KVH, D, TILE, CTX = 4, 2, 16, 64, 256
+cu, prompts = [0, 110, 170], [30, 17]  # decode rows of up to 110 keys: one and two splits
+T = cu[-1]
+q, k, v = (torch.randn(T, h, D, generator=g) for h in (H, KVH, KVH))
+rolled = sglang_rollout_rows(q, k, v, cu, prompts, tile=TILE, context=CTX)
+trained = rollout_attention(q, k, v, cu, prompts, tile=TILE, context=CTX, scale=D ** -0.5, rows_per_call=23)
+assert not torch.isnan(rolled).any() and torch.equal(trained, rolled), (trained - rolled).abs().max()
+i32 = dict(dtype=torch.int32)
+one_shot = torch.empty_like(q)
+extend_attention_fwd_unified(q, one_shot, k, v, 1.0, 1.0, torch.tensor(cu, **i32), torch.tensor(cu, **i32),
+                             torch.arange(T, **i32), torch.zeros(2, **i32), 110, sm_scale=D ** -0.5, is_causal=True)
+completion = torch.cat([torch.arange(a + p, b) for a, b, p in zip(cu, cu[1:], prompts)])
+assert not torch.equal(one_shot[completion], rolled[completion]), "control: a one-shot prefill must differ"
+
+def two_stage(lo, hi):  # rows lo..hi-1 of sequence 0, keys 0..lo-1 cached
+    o = torch.empty(hi - lo, H, D)
+    extend_attention_fwd(q[lo:hi].contiguous(), k[lo:hi].contiguous(), v[lo:hi].contiguous(), o, k, v,
+                         torch.tensor([0, hi - lo], **i32), torch.tensor([0, lo], **i32), torch.arange(lo, **i32),
+                         None, True, None, hi - lo, 1.0, 1.0, sm_scale=D ** -0.5)
+    return o
+assert not torch.equal(two_stage(0, 60), torch.cat([two_stage(0, 23), two_stage(23, 60)])), \
+    "control: SGLang's two-stage extend kernel should move a chunked row's bits"
+print("rollout ok")
+""")
+    assert proc.returncode == 0 and "rollout ok" in proc.stdout, proc.stderr[-3000:]
