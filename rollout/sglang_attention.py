@@ -27,6 +27,8 @@ compared), as `kernels/autograd.py` does for our own kernels.
 """
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 
 DEFAULT_ROWS_PER_CALL = 512
@@ -54,7 +56,7 @@ def rollout_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     out = torch.empty_like(q)
     # the prompts: one unified extend call, no cached prefix
     prompt_rows = torch.cat([torch.arange(a, a + p, device=dev) for a, p in zip(cu_seqlens, prompt_lens)])
-    qo = torch.tensor([0] + list(_cumsum(prompt_lens)), **i32)
+    qo = torch.tensor([0] + list(accumulate(prompt_lens)), **i32)
     o = torch.empty((prompt_rows.shape[0], H, v.shape[2]), dtype=q.dtype, device=dev)
     extend_attention_fwd_unified(q[prompt_rows].contiguous(), o, k, v, 1.0, 1.0, qo, qo, prompt_rows.to(torch.int32),
                                  torch.zeros(len(lens), **i32), max(prompt_lens), sm_scale=scale, is_causal=True)
@@ -67,7 +69,7 @@ def rollout_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     for at in range(0, len(rows), rows_per_call):
         part = rows[at:at + rows_per_call]
         kv_lens = [r - a + 1 for r, a in part]
-        indptr = torch.tensor([0] + list(_cumsum(kv_lens)), **i32)
+        indptr = torch.tensor([0] + list(accumulate(kv_lens)), **i32)
         indices = torch.cat([torch.arange(a, r + 1, **i32) for r, a in part])
         lens_t = torch.tensor(kv_lens, **i32)
         splits = (lens_t + tile - 1) // tile  # the plugin's pinned count for each row's KV length
@@ -80,10 +82,3 @@ def rollout_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
         out[index] = o
     return out
 
-
-def _cumsum(values: list[int]) -> list[int]:
-    total, out = 0, []
-    for v in values:
-        total += v
-        out.append(total)
-    return out

@@ -12,6 +12,7 @@ plugin's own `pin_backend` hook leaves them. The split counts come from SGLang's
 from __future__ import annotations
 
 import random
+from itertools import accumulate
 from types import SimpleNamespace
 from typing import Callable
 
@@ -135,10 +136,10 @@ def sglang_rollout_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: l
         o = torch.empty((rows.shape[0], H, D), dtype=q.dtype, device=dev)
         extend_attention_fwd_unified(
             q[rows].contiguous(), o, pool_k, pool_v, 1.0, 1.0,
-            torch.tensor([0] + _running([n for _, _, n in chunks]), **i32),
-            torch.tensor([0] + _running([pre + n for _, pre, n in chunks]), **i32), torch.cat(kv).to(torch.int32),
-            torch.tensor([pre for _, pre, _ in chunks], **i32), max(n for _, _, n in chunks), sm_scale=scale,
-            is_causal=True)
+            torch.tensor([0] + list(accumulate([n for _, _, n in chunks])), **i32),
+            torch.tensor([0] + list(accumulate([pre + n for _, pre, n in chunks])), **i32),
+            torch.cat(kv).to(torch.int32), torch.tensor([pre for _, pre, _ in chunks], **i32),
+            max(n for _, _, n in chunks), sm_scale=scale, is_causal=True)
         out[rows] = o
 
     first = max(1, prompts[0] // 2)
@@ -168,18 +169,12 @@ def sglang_rollout_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: l
         logits = torch.empty((len(kv), H, be.max_kv_splits, D), dtype=torch.float32, device=dev)
         lse = torch.empty((len(kv), H, be.max_kv_splits), dtype=torch.float32, device=dev)
         o = torch.empty((len(kv), H, D), dtype=q.dtype, device=dev)
-        decode_attention_fwd(queries.contiguous(), pool_k, pool_v, o, torch.tensor([0] + _running(lens.tolist()), **i32),
-                             torch.cat(kv).to(torch.int32), logits, lse, splits, be.max_kv_splits, scale, 1.0, 1.0)
+        indptr = torch.tensor([0] + list(accumulate(lens.tolist())), **i32)
+        decode_attention_fwd(queries.contiguous(), pool_k, pool_v, o, indptr, torch.cat(kv).to(torch.int32), logits,
+                             lse, splits, be.max_kv_splits, scale, 1.0, 1.0)
         for j, i in enumerate(order):
             if i < len(live):
                 out[live[i][0]] = o[j]
         step += 1
     return out
 
-
-def _running(values: list[int]) -> list[int]:
-    total, out = 0, []
-    for v in values:
-        total += v
-        out.append(total)
-    return out
