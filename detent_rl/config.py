@@ -94,6 +94,7 @@ class RolloutSection:
     chunk_size: int = 256  # chunked-prefill tokens per step
     num_blocks: Optional[int] = None  # KV-cache blocks; None: sized from free memory
     cuda_graphs: Literal["auto", "on", "off"] = "auto"  # decode graphs; auto: on on the GPU (every arm)
+    num_engines: int = 1  # engine replicas (data parallel): each prompt's group on one, dealt round-robin
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,7 @@ _BOUNDS = (
     ("rollout.max_num_seqs", _positive, "must be >= 1"),
     ("rollout.chunk_size", _positive, "must be >= 1"),
     ("rollout.num_blocks", _positive, "must be >= 1 or null"),
+    ("rollout.num_engines", _positive, "must be >= 1"),
     ("train.steps", _positive, "must be >= 1"),
     ("train.lr", lambda v: v > 0, "must be > 0"),
     ("train.warmup_steps", _non_negative, "must be >= 0"),

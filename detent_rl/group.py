@@ -4,6 +4,7 @@ plain objects in the driver's process (`ray.mode: inline`).
     rollout = WorkerGroup(RolloutWorker, spec, recipe.rollout, ray=ray_options)   # or ray=None: inline
     handles = rollout.async_call("generate", request)   # Ray refs, or the results themselves inline
     results = rollout.get(handles)                      # one result per worker, in worker order
+    parts = rollout.get(rollout.async_each("generate", [(a,), (b,)]))   # each worker its own arguments
 
 A handle may be passed as an argument to another group's call: Ray then moves the value from the
 worker that made it straight to the workers that take it (the driver never holds it), which is how
@@ -48,6 +49,16 @@ class WorkerGroup(Generic[W]):
         if self.is_ray:
             return [getattr(w, method).remote(*args, **kwargs) for w in self._workers]
         return [getattr(w, method)(*args, **kwargs) for w in self._workers]
+
+    def async_each(self, method: str, calls: list[Optional[tuple]]) -> list[Any]:
+        """Start `method` on worker i with the arguments calls[i] (None: that worker is not called); one
+        handle per call made, in worker order."""
+        if len(calls) != len(self._workers):
+            raise ValueError(f"{self.name} group has {len(self._workers)} workers; got {len(calls)} argument tuples")
+        workers = [(w, args) for w, args in zip(self._workers, calls) if args is not None]
+        if self.is_ray:
+            return [getattr(w, method).remote(*args) for w, args in workers]
+        return [getattr(w, method)(*args) for w, args in workers]
 
     def get(self, handles: list[Any]) -> list[Any]:
         if not self.is_ray:

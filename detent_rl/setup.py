@@ -70,13 +70,30 @@ def prepare(recipe: Recipe) -> RunSetup:
     return RunSetup(device, checkpoint, tokenizer, spec, train_tasks, eval_tasks, prompts, load_reward(d.reward))
 
 
+def _check_ray_resources(recipe: Recipe, need: dict, have: dict) -> None:
+    """An actor that cannot be placed waits forever: refuse a group the Ray cluster cannot hold, now."""
+    for kind, n in need.items():
+        if n > have.get(kind, 0) + 1e-9:
+            hint = " (raise ray.num_cpus)" if kind == "CPU" and not recipe.ray.address else ""
+            raise RecipeError(f"{recipe.source}: rollout.num_engines: {recipe.rollout.num_engines} engine(s) and the "
+                              f"trainer need {n:g} {kind}(s) of Ray; the cluster has {have.get(kind, 0):g}{hint}")
+
+
 def start_workers(recipe: Recipe, setup: RunSetup) -> tuple[WorkerGroup[RolloutWorker], WorkerGroup[TrainerWorker]]:
     """The rollout and trainer groups: Ray actors (on a cluster at ray.address / RAY_ADDRESS, else a
     local Ray this process starts), or with ray.mode: inline the two workers in this process."""
-    placement = None
     if recipe.ray.mode == "ray":
         import ray
         address = recipe.ray.address or os.environ.get("RAY_ADDRESS")
+        engines = recipe.rollout.num_engines
+        gpus = (0.5 if recipe.ray.colocate else 1) if setup.device == "cuda" else 0
+        # colocated: the engines share the half of the GPU the trainer leaves; else one GPU each
+        engine_gpus = gpus / engines if recipe.ray.colocate else gpus
+        need = {"CPU": engines + 1.0, "GPU": engine_gpus * engines + gpus}
+        local = not address and not ray.is_initialized()
+        if local:  # the Ray this process is about to start: checked before it starts
+            _check_ray_resources(recipe, need, {"CPU": recipe.ray.num_cpus or os.cpu_count() or 1,
+                                                "GPU": torch.cuda.device_count() if setup.device == "cuda" else 0})
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
             if address:
@@ -84,7 +101,10 @@ def start_workers(recipe: Recipe, setup: RunSetup) -> tuple[WorkerGroup[RolloutW
             elif recipe.ray.num_cpus:
                 kwargs["num_cpus"] = recipe.ray.num_cpus
             ray.init(**kwargs)
-        gpus = (0.5 if recipe.ray.colocate else 1) if setup.device == "cuda" else 0
-        placement = RayPlacement(num_cpus=1, num_gpus=gpus)
-    return (WorkerGroup(RolloutWorker, setup.spec, recipe.rollout, ray=placement),
-            WorkerGroup(TrainerWorker, setup.spec, recipe.train, ray=placement))
+        if not local:
+            _check_ray_resources(recipe, need, ray.cluster_resources())
+        return (WorkerGroup(RolloutWorker, setup.spec, recipe.rollout, size=engines,
+                            ray=RayPlacement(num_cpus=1, num_gpus=engine_gpus)),
+                WorkerGroup(TrainerWorker, setup.spec, recipe.train, ray=RayPlacement(num_cpus=1, num_gpus=gpus)))
+    return (WorkerGroup(RolloutWorker, setup.spec, recipe.rollout, size=recipe.rollout.num_engines),
+            WorkerGroup(TrainerWorker, setup.spec, recipe.train))

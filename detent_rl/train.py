@@ -40,7 +40,7 @@ from detent_rl.setup import RunSetup, prepare, start_workers
 from detent_rl.tokenizer import TokenizerError
 from detent_rl.trainer.grpo import group_advantages
 from detent_rl.trainer.trainer import Sample
-from detent_rl.workers import GenerateRequest
+from detent_rl.workers import GenerateRequest, generate
 
 # bad input anywhere before the first step, and a bit mismatch under on_mismatch: raise: one line, exit 2
 USER_ERRORS = (RecipeError, DataError, RewardError, TokenizerError, ModelConfigError, WeightsError, GGUFError,
@@ -128,7 +128,7 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
     params = [SamplingParams(seed=sample_seed(recipe.run.seed, step, t.id, j), temperature=ro.temperature,
                              top_p=ro.top_p, top_k=ro.top_k, max_tokens=ro.max_new_tokens,
                              stop_token_ids=tuple(setup.tokenizer.eos_token_ids)) for t, j in ids]
-    outs = rollout.call_one("generate", GenerateRequest([setup.prompts[t.id] for t, _ in ids], params))
+    outs = generate(rollout, GenerateRequest([setup.prompts[t.id] for t, _ in ids], params), ro.samples_per_prompt)
     t_rollout = time.perf_counter() - t0
     t_reward = time.perf_counter()
     samples = []
@@ -190,7 +190,7 @@ def evaluate(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup) -> float:
     tasks = setup.eval_tasks
     greedy = SamplingParams(seed=0, temperature=0.0, max_tokens=recipe.rollout.max_new_tokens,
                             stop_token_ids=tuple(setup.tokenizer.eos_token_ids))
-    outs = rollout.call_one("generate", GenerateRequest([setup.prompts[t.id] for t in tasks], [greedy] * len(tasks)))
+    outs = generate(rollout, GenerateRequest([setup.prompts[t.id] for t in tasks], [greedy] * len(tasks)))
     texts = [setup.tokenizer.decode(o.tokens[o.num_prompt:]) for o in outs]
     return sum(setup.reward(x, t) for x, t in zip(texts, tasks)) / len(tasks)
 

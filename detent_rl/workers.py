@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -83,6 +83,34 @@ class WeightUpdate:
     """The trainer's compute weights by the model's own names, and their `weights_digest`."""
     weights: dict[str, torch.Tensor]
     digest: WeightsDigest
+
+
+def deal(num_requests: int, group_size: int, num_engines: int) -> list[list[int]]:
+    """Request indices per engine: the requests come in groups of `group_size` consecutive ones (a
+    prompt's GRPO samples, which share its prefix cache), dealt whole, group g to engine g mod N. A
+    fixed function of the shapes, so a request's engine is known before anything runs; its bits do not
+    depend on it (every engine runs the same pinned kernels, and a request samples from its own seed)."""
+    if num_engines < 1 or group_size < 1:
+        raise ValueError(f"deal: {num_engines} engines, groups of {group_size}: both must be >= 1")
+    out: list[list[int]] = [[] for _ in range(num_engines)]
+    for start in range(0, num_requests, group_size):
+        out[(start // group_size) % num_engines].extend(range(start, min(start + group_size, num_requests)))
+    return out
+
+
+def generate(rollout: Any, request: GenerateRequest, group_size: int = 1) -> list[Completion]:
+    """`request` on the rollout group's engines (data parallel, dealt by `deal`), the completions back in
+    request order."""
+    shares = deal(len(request.prompts), group_size, len(rollout))
+    calls = [(GenerateRequest([request.prompts[i] for i in idx], [request.params[i] for i in idx]),) if idx else None
+             for idx in shares]
+    results = iter(rollout.get(rollout.async_each("generate", calls)))
+    out: list[Optional[Completion]] = [None] * len(request.prompts)
+    for idx in shares:
+        if idx:
+            for i, c in zip(idx, next(results)):
+                out[i] = c
+    return out  # type: ignore[return-value]
 
 
 class RolloutWorker:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from detent_rl.group import WorkerGroup
+from detent_rl.workers import GenerateRequest, deal, generate
 
 
 class Counter:
@@ -33,3 +34,30 @@ def test_inline_group_calls_every_worker_and_passes_handles_on():
         consumers.call_one("who")
     with pytest.raises(ValueError, match="at least one worker"):
         WorkerGroup(Counter, 0, size=0)
+    # each worker its own arguments; a worker given None is not called
+    assert consumers.get(consumers.async_each("add", [(1,), None, (3,)])) == [16, 18]
+    assert consumers.call("add", 0) == [16, 15, 18]
+    with pytest.raises(ValueError, match="3 workers; got 2 argument tuples"):
+        consumers.async_each("add", [(1,), (2,)])
+
+
+def test_requests_are_dealt_by_whole_groups_and_come_back_in_order():
+    assert deal(12, 3, 2) == [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9, 10, 11]]
+    assert deal(7, 3, 3) == [[0, 1, 2], [3, 4, 5], [6]]  # a short last group
+    assert deal(4, 2, 3) == [[0, 1], [2, 3], []]  # an engine may get nothing
+    assert deal(5, 1, 1) == [[0, 1, 2, 3, 4]]
+    with pytest.raises(ValueError, match="both must be >= 1"):
+        deal(4, 0, 2)
+
+    class Echo:  # an engine that answers each prompt with (engine, prompt)
+        made = 0
+
+        def __init__(self) -> None:
+            self.me, Echo.made = Echo.made, Echo.made + 1
+
+        def generate(self, request):
+            return [(self.me, p) for p in request.prompts]
+    request = GenerateRequest([[i] for i in range(7)], [None] * 7)
+    got = generate(WorkerGroup(Echo, size=3), request, group_size=2)
+    assert [p for _, p in got] == request.prompts  # request order, whatever engine ran it
+    assert [e for e, _ in got] == [0, 0, 1, 1, 2, 2, 0]

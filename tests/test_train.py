@@ -90,6 +90,23 @@ def test_detent_run_is_bit_equal_stock_stops_with_a_report_and_inline_equals_ray
     assert check["bit_match"] < 1.0
 
 
+def test_engine_replicas_leave_every_request_its_bits(tmp_path):
+    """Data-parallel rollout: with 2 and 3 engine replicas (each prompt's group dealt whole to one) every
+    step's samples, bit-check and metrics equal the one-engine run's, in-process and with 2 engines
+    as Ray actors. (The stock control is tests/test_dp_rollout.py's: this tiny model's CPU kernels
+    round a row alike for every row count the split leaves, so its stock rollout does not move.)"""
+    one = tmp_path / "one"
+    _driver(_recipe(tmp_path, one), "train.steps=2", "checkpoint.every=0", "ray.mode=inline")
+    want = {name: _lines(one, name) for name in ("bitcheck.jsonl", "metrics.jsonl", "samples.jsonl")}
+    assert [c["bit_match"] for c in want["bitcheck.jsonl"].values()] == [1.0, 1.0]
+    for n, mode in ((2, "inline"), (3, "inline"), (2, "ray")):
+        run = tmp_path / f"dp{n}{mode}"
+        _driver(_recipe(tmp_path, run), "train.steps=2", "checkpoint.every=0", f"ray.mode={mode}",
+                f"rollout.num_engines={n}", "ray.num_cpus=3")
+        for name, rows in want.items():
+            assert _lines(run, name) == rows, (n, mode, name)
+
+
 def test_a_killed_run_resumes_to_the_uninterrupted_runs_bits(tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     _driver(_recipe(tmp_path, whole), "ray.mode=inline")
@@ -118,6 +135,10 @@ def test_a_killed_run_resumes_to_the_uninterrupted_runs_bits(tmp_path):
     ("train.steps=many", "train.steps"),
     ("model.path=/nonexistent/model", "/nonexistent/model"),
     ("data.source=/nonexistent/data.jsonl", "/nonexistent/data.jsonl"),
+    ("rollout.num_engines=0", "rollout.num_engines: must be >= 1"),
+    # 3 engines and the trainer are 4 Ray actors of one CPU each: refused, where Ray would wait forever
+    ("rollout.num_engines=3", "rollout.num_engines: 3 engine(s) and the trainer need 4 CPU(s) of Ray; the cluster "
+                              "has 2 (raise ray.num_cpus)"),
 ])
 def test_bad_recipes_fail_with_one_clear_line(tmp_path, override, message):
     recipe = _recipe(tmp_path, tmp_path / "bad")
