@@ -155,6 +155,10 @@ class RaySection:
     mode: Literal["ray", "inline"] = "ray"
     address: Optional[str] = None  # None: honour RAY_ADDRESS, else start a local Ray
     colocate: bool = True  # rollout and trainer share a GPU
+    # how the weights reach the engines: auto (CUDA IPC on a shared GPU, a collective between GPUs, else
+    # host copies through Ray), or one of host, ipc, collective (a torch.distributed broadcast from the
+    # trainer: NCCL between GPUs, gloo on the CPU)
+    weight_sync: Literal["auto", "host", "ipc", "collective"] = "auto"
     num_cpus: Optional[int] = None  # for a local ray.init; None: Ray's default
 
 

@@ -18,6 +18,10 @@ from typing import Any, Generic, Optional, TypeVar
 W = TypeVar("W")
 
 
+class WorkerDiedError(RuntimeError):
+    """A worker's process ended (Ray reports its actor dead) while the driver waited on it."""
+
+
 @dataclass(frozen=True)
 class RayPlacement:
     """Resources of each Ray actor of a group."""
@@ -61,10 +65,17 @@ class WorkerGroup(Generic[W]):
         return [getattr(w, method)(*args) for w, args in workers]
 
     def get(self, handles: list[Any]) -> list[Any]:
+        """The handles' results, in order. A Ray actor that died meanwhile: WorkerDiedError naming it."""
         if not self.is_ray:
             return list(handles)
         import ray as ray_
-        return ray_.get(handles)
+        try:
+            return ray_.get(handles)
+        except ray_.exceptions.RayActorError as e:
+            dead = [i for i, w in enumerate(self._workers) if _dead(ray_, w)]
+            which = f"worker {', '.join(map(str, dead))}" if dead else "a worker"
+            raise WorkerDiedError(f"{self.name} {which} of {len(self._workers)} died: "
+                                  f"{str(e).strip().splitlines()[0]}") from e
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """`method` on every worker, waited for: one result per worker."""
@@ -75,3 +86,12 @@ class WorkerGroup(Generic[W]):
         if len(self._workers) != 1:
             raise ValueError(f"{self.name} group has {len(self._workers)} workers; call_one needs exactly one")
         return self.call(method, *args, **kwargs)[0]
+
+
+def _dead(ray_: Any, actor: Any) -> bool:
+    """Whether a Ray actor is dead (a cheap call it cannot answer)."""
+    try:
+        ray_.get(actor.__ray_ready__.remote(), timeout=10)
+        return False
+    except Exception:  # noqa: BLE001 - any failure to answer means it cannot serve the run
+        return True

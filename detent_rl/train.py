@@ -22,12 +22,12 @@ from typing import Optional
 
 import torch
 
-from detent_rl import checkpoint
+from detent_rl import atomic, checkpoint
 from detent_rl.bitcheck import MismatchError, bitcheck, enforce
 from detent_rl.checkpoint import CheckpointError
 from detent_rl.config import Recipe, RecipeError, load_recipe, save_resolved
 from detent_rl.data import DataError, PromptSampler, Task
-from detent_rl.group import WorkerGroup
+from detent_rl.group import WorkerDiedError, WorkerGroup
 from detent_rl.models.config import ModelConfigError
 from detent_rl.models.gguf import GGUFError, ModelFetchError
 from detent_rl.models.loader import WeightsError
@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except WorkerDiedError as e:  # the run stops; its checkpoints stand
+        print(f"error: {e}", file=sys.stderr)
+        return 3
 
 
 def run(recipe: Recipe, resume: Optional[str] = None) -> int:
@@ -73,6 +76,7 @@ def run(recipe: Recipe, resume: Optional[str] = None) -> int:
     save_resolved(recipe, run_dir)
     rollout, trainer = start_workers(recipe, setup)
     try:
+        record_workers(run_dir, rollout, trainer)
         sampler = PromptSampler(setup.train_tasks, recipe.rollout.prompts_per_step, recipe.run.seed)
         step = 0
         if start is not None:
@@ -94,6 +98,11 @@ def run(recipe: Recipe, resume: Optional[str] = None) -> int:
             except MismatchError as e:
                 log.close()
                 raise MismatchError(f"{e}; report: {write_report(run_dir)}", e.record) from None
+            except WorkerDiedError as e:
+                log.close()
+                newest = checkpoint.latest(run_dir)
+                raise WorkerDiedError(f"step {step}: {e}; " + (f"resume from {newest} with --resume" if newest else
+                                      "no checkpoint to resume from (checkpoint.every is 0 or none was due)")) from None
     finally:
         if recipe.ray.mode == "ray":
             import ray
@@ -104,18 +113,41 @@ def run(recipe: Recipe, resume: Optional[str] = None) -> int:
 
 
 def sync_transport(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup) -> str:
-    """How the weights travel (`TrainerWorker.weights`): in one process the engine takes the trainer's
-    device tensors ("device"); Ray actors on one GPU (the same device UUID) pass CUDA IPC handles
-    ("ipc"), and the engine copies device to device; otherwise host copies ("host")."""
+    """How the weights travel (`ray.weight_sync`; auto: the fastest the placement allows): in one process
+    the engine takes the trainer's device tensors ("device"); Ray actors on one GPU (the same device
+    UUID) pass CUDA IPC handles ("ipc"), and the engine copies device to device; on other GPUs a
+    broadcast from the trainer ("collective", NCCL); on the CPU host copies through Ray ("host").
+    A collective's group is formed here, once for the run."""
     if recipe.ray.mode == "inline":
         return "device"
     (mine,) = trainer.call("device_uuid")
-    return "ipc" if mine is not None and all(u == mine for u in rollout.call("device_uuid")) else "host"
+    theirs = rollout.call("device_uuid")
+    transport = recipe.ray.weight_sync
+    if transport == "auto":
+        transport = "ipc" if mine is not None and all(u == mine for u in theirs) else \
+            "collective" if mine is not None and all(u is not None for u in theirs) else "host"
+    if transport == "ipc" and (mine is None or any(u != mine for u in theirs)):
+        raise RecipeError(f"{recipe.source}: ray.weight_sync: ipc needs the trainer and every engine on one GPU")
+    if transport == "collective":
+        address = trainer.call_one("sync_address")
+        world = len(rollout) + 1
+        handles = trainer.async_call("join_sync_group", address, 0, world)
+        joined = rollout.async_each("join_sync_group", [(address, i + 1, world) for i in range(len(rollout))])
+        trainer.get(handles), rollout.get(joined)
+    return transport
 
 
 def sync_weights(rollout: WorkerGroup, trainer: WorkerGroup, transport: str) -> str:
     """The trainer's compute weights into every engine, checked there by digest (`RolloutWorker.
-    update_weights`); the digest's hex. `transport`: `sync_transport`'s choice."""
+    update_weights`); the digest's hex. `transport`: `sync_transport`'s choice. A collective sync sends
+    the manifest (names, shapes, digest) first, then the broadcast, which both sides enter at once."""
+    if transport == "collective":
+        manifest = trainer.call_one("weights_manifest")
+        sending = trainer.async_call("broadcast_weights")
+        received = rollout.async_call("receive_weights", manifest)
+        trainer.get(sending)
+        (digest,) = set(rollout.get(received))
+        return digest
     (digest,) = set(rollout.call("update_weights", *trainer.async_call("weights", transport)))
     return digest
 
@@ -172,7 +204,7 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
                "kl_k1": check["kl_k1"], "kl_k3": check["kl_k3"], "max_abs_diff": check["max_abs_diff"],
                "step_time_s": time.perf_counter() - t0, "rollout_time_s": t_rollout,
                "tokens_per_s": new_tokens / t_rollout, "new_tokens": new_tokens, "weights_digest": digest,
-               "weight_sync_s": t_sync, "reward_time_s": t_reward, "rescore_time_s": t_rescore,
+               "weight_sync_s": t_sync, "weight_sync": transport, "reward_time_s": t_reward, "rescore_time_s": t_rescore,
                "train_time_s": t_train,
                "rollout_ratio_min": behaviour.min().item(), "rollout_ratio_max": behaviour.max().item(),
                "rollout_ratio_mean": behaviour.mean().item(), "bitcheck_source": source,
@@ -193,6 +225,13 @@ def evaluate(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup) -> float:
     outs = generate(rollout, GenerateRequest([setup.prompts[t.id] for t in tasks], [greedy] * len(tasks)))
     texts = [setup.tokenizer.decode(o.tokens[o.num_prompt:]) for o in outs]
     return sum(setup.reward(x, t) for x, t in zip(texts, tasks)) / len(tasks)
+
+
+def record_workers(run_dir: Path, rollout: WorkerGroup, trainer: WorkerGroup) -> None:
+    """workers.json in the run directory: each worker's process id (the driver's own when inline), by group
+    and rank, for whoever watches or stops the run's processes."""
+    atomic.write_text(run_dir / "workers.json", json.dumps({"rollout": rollout.call("pid"),
+                                                            "trainer": trainer.call("pid")}) + "\n")
 
 
 def record_commitment(run_dir: Path, rollout: WorkerGroup, trainer: WorkerGroup) -> None:

@@ -75,7 +75,42 @@ class Completion:
     num_cached: int  # prompt tokens served from the prefix cache
 
 
-TRANSPORTS = ("host", "device", "ipc")
+TRANSPORTS = ("host", "device", "ipc")  # by value; "collective" is `weights_manifest` + `broadcast_weights`
+
+
+@dataclass(frozen=True)
+class WeightManifest:
+    """What a collective sync sends ahead of the broadcast (through Ray; small): the tensors in broadcast
+    order, with their shapes and dtypes, and the trainer's digest of them."""
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    digest: WeightsDigest
+
+
+def join_sync_group(address: str, rank: int, world: int, device: torch.device) -> None:
+    """This worker's place in the weight-sync group (torch.distributed's default group: the trainer is
+    rank 0, engine i rank i + 1): NCCL for CUDA weights, gloo on the CPU. Blocks until all have joined."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        raise RuntimeError("this worker already belongs to a torch.distributed group")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://{address}", rank=rank,
+                            world_size=world)
+
+
+def sync_address() -> str:
+    """host:port for the sync group's rendezvous, on this worker's node: its IP and a port free now."""
+    import socket
+    try:
+        import ray
+        host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+    except ImportError:
+        host = "127.0.0.1"
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return f"{host}:{s.getsockname()[1]}"
 
 
 @dataclass(frozen=True)
@@ -140,6 +175,20 @@ class RolloutWorker:
                                f"{got.hex} vs {update.digest.hex})")
         return got.hex
 
+    def join_sync_group(self, address: str, rank: int, world: int) -> None:
+        join_sync_group(address, rank, world, next(self.model.parameters()).device)
+
+    def receive_weights(self, manifest: WeightManifest) -> str:
+        """The trainer's broadcast (`TrainerWorker.broadcast_weights`, in manifest order) into fresh
+        buffers on the engine's device, then copied in and checked like `update_weights`."""
+        import torch.distributed as dist
+        device = next(self.model.parameters()).device
+        buffers = {}
+        for name, shape, dtype in zip(manifest.names, manifest.shapes, manifest.dtypes):
+            buffers[name] = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+            dist.broadcast(buffers[name], src=0)
+        return self.update_weights(WeightUpdate(buffers, manifest.digest))
+
     def device_uuid(self) -> str | None:
         """The UUID of the engine's GPU (None on the CPU)."""
         device = next(self.model.parameters()).device
@@ -188,6 +237,29 @@ class TrainerWorker:
         if transport == "host":
             return WeightUpdate({n: t.cpu() for n, t in live.items()}, digest)
         return WeightUpdate(CudaIpcTensors(live) if transport == "ipc" else live, digest)
+
+    def sync_address(self) -> str:
+        return sync_address()
+
+    def join_sync_group(self, address: str, rank: int, world: int) -> None:
+        join_sync_group(address, rank, world, self.trainer.master[0].device)
+
+    def weights_manifest(self) -> WeightManifest:
+        """The collective sync's first half: the compute weights' names, shapes, dtypes and digest (taken
+        on the device); `broadcast_weights` then sends these very tensors, which no update changes between."""
+        live = self.trainer.compute_weights(on_device=True)
+        self._broadcast = [live[n] for n in sorted(live)]
+        return WeightManifest(tuple(sorted(live)), tuple(tuple(t.shape) for t in self._broadcast),
+                              tuple(str(t.dtype).removeprefix("torch.") for t in self._broadcast), weights_digest(live))
+
+    def broadcast_weights(self) -> int:
+        """The collective sync's second half: every tensor of the last manifest from rank 0, in its order;
+        the number sent."""
+        import torch.distributed as dist
+        sent, self._broadcast = self._broadcast, []
+        for t in sent:
+            dist.broadcast(t.contiguous(), src=0)
+        return len(sent)
 
     def device_uuid(self) -> str | None:
         """The UUID of the GPU holding the weights (None on the CPU): the driver syncs by IPC when the

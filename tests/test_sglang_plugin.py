@@ -171,56 +171,30 @@ print("splits ok", checked, sorted(stock_counts))
 def test_sglang_decode_attention_keeps_a_requests_bits_under_the_plugin():
     """SGLang's own Triton decode attention (interpreted, fp32): one request's output row alone and at
     row 3 of a batch of 8 similar lengths — different bits under SGLang's split selection (it splits the
-    request's keys fewer ways among neighbours), equal bits under the plugin's."""
+    request's keys fewer ways among neighbours), equal bits under the plugin's. The helpers are the GPU
+    test's (tests/sglang_decode_cases.py), so this also checks them."""
     proc = run_interpreted(PRELUDE + """
 import random
 import torch
-from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
-from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-from detent_rl.rollout import sglang_plugin as P
-from test_sglang_plugin import backend
+from sglang_decode_cases import Batch, backend
 H, KVH, D, CTX = 4, 2, 32, 4096
-g = torch.Generator().manual_seed(0)
 rng = random.Random(0)
 lens = [rng.randint(900, 1000) for _ in range(8)]  # a GRPO-like batch of similar lengths
 lens[3] = 1000  # the request under test, at row 3
-pool = sum(lens)
-k_buf, v_buf = (torch.randn(pool, KVH, D, generator=g) for _ in range(2))
-perm = torch.randperm(pool, generator=g)
-tokens, at = [], 0
-for n in lens:
-    tokens.append(perm[at:at + n])
-    at += n
-q_all = torch.randn(len(lens), H, D, generator=g)
-
-def row(rows, be, select):
-    ls = [lens[r] for r in rows]
-    indptr = torch.tensor([0] + [sum(ls[:i + 1]) for i in range(len(ls))], dtype=torch.int32)
-    indices = torch.cat([tokens[r] for r in rows]).to(torch.int32)
-    splits = torch.zeros(len(rows), dtype=torch.int32)
-    select(be, splits, torch.tensor(ls, dtype=torch.int32))
-    logits = torch.zeros(len(rows), H, be.max_kv_splits, D)
-    lse = torch.zeros(len(rows), H, be.max_kv_splits)
-    o = torch.zeros(len(rows), H, D)
-    decode_attention_fwd(q_all[rows], k_buf, v_buf, o, indptr, indices, logits, lse, splits, be.max_kv_splits,
-                         D ** -0.5, 1.0, 1.0)
-    return o[rows.index(3)], splits[rows.index(3)].item()
-
+batch = Batch(lens, num_head=H, num_kv_head=KVH, dim=D, dtype=torch.float32, device="cpu")
 # 16 SMs: SGLang's heuristic then splits one 1,000-token request 8 ways alone and fewer in a batch of 8
-stock = backend(max_context_len=CTX, num_head=H, num_kv_head=KVH, device_core_count=16)
-pinned = backend(max_context_len=CTX, num_head=H, num_kv_head=KVH, device_core_count=16)
-P._STATE["tile"] = 256
-P.pin_backend(None, pinned)
-alone, s_alone = row([3], stock, TritonAttnBackend.get_num_kv_splits)
-batch, s_batch = row(list(range(8)), stock, TritonAttnBackend.get_num_kv_splits)
-ref = torch.softmax(torch.einsum("hd,thd->ht", q_all[3], k_buf[tokens[3]].repeat_interleave(2, 1)) * D ** -0.5, -1)
-ref = torch.einsum("ht,thd->hd", ref, v_buf[tokens[3]].repeat_interleave(2, 1))
-assert (alone - ref).abs().max() < 1e-4 and (batch - ref).abs().max() < 1e-4
-assert s_alone != s_batch and not torch.equal(alone, batch), \\
+stock = backend("stock", num_head=H, num_kv_head=KVH, context=CTX, sms=16)
+pinned = backend("detent", num_head=H, num_kv_head=KVH, context=CTX, sms=16, tile=256)
+alone, s_alone = batch.row(3, [3], *stock)
+inside, s_batch = batch.row(3, list(range(8)), *stock)
+k, v = (x[batch.tokens[3]].repeat_interleave(H // KVH, 1) for x in (batch.k, batch.v))
+ref = torch.einsum("ht,thd->hd", torch.softmax(torch.einsum("hd,thd->ht", batch.q[3], k) * D ** -0.5, -1), v)
+assert (alone - ref).abs().max() < 1e-4 and (inside - ref).abs().max() < 1e-4
+assert s_alone != s_batch and not torch.equal(alone, inside), \\
     f"control: SGLang's selection should split the request {s_alone} vs {s_batch} ways and change its bits"
-p_alone, n1 = row([3], pinned, P.pinned_num_kv_splits)
-p_batch, n2 = row(list(range(8)), pinned, P.pinned_num_kv_splits)
-assert n1 == n2 == 4 and torch.equal(p_alone, p_batch)
+p_alone, n1 = batch.row(3, [3], *pinned)
+p_inside, n2 = batch.row(3, list(range(8)), *pinned)
+assert n1 == n2 == 4 and torch.equal(p_alone, p_inside)
 print("attention ok", s_alone, s_batch)
 """)
     assert proc.returncode == 0 and "attention ok" in proc.stdout, proc.stderr[-3000:]

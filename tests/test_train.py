@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = {"step_time_s", "rollout_time_s", "tokens_per_s", "weight_sync_s", "reward_time_s", "rescore_time_s",
-          "train_time_s"}  # wall-clock fields differ between runs
+          "train_time_s", "weight_sync"}  # wall-clock fields differ between runs, and the placement's transport
 
 RECIPE = """
 run: {{name: t, dir: {dir}, arm: {arm}, device: cpu}}
@@ -93,7 +93,8 @@ def test_detent_run_is_bit_equal_stock_stops_with_a_report_and_inline_equals_ray
 def test_engine_replicas_leave_every_request_its_bits(tmp_path):
     """Data-parallel rollout: with 2 and 3 engine replicas (each prompt's group dealt whole to one) every
     step's samples, bit-check and metrics equal the one-engine run's, in-process and with 2 engines
-    as Ray actors. (The stock control is tests/test_dp_rollout.py's: this tiny model's CPU kernels
+    as Ray actors whose weights come by a torch.distributed broadcast from the trainer (gloo here;
+    each engine checks the trainer's digest). (The stock control is tests/test_dp_rollout.py's: this tiny model's CPU kernels
     round a row alike for every row count the split leaves, so its stock rollout does not move.)"""
     one = tmp_path / "one"
     _driver(_recipe(tmp_path, one), "train.steps=2", "checkpoint.every=0", "ray.mode=inline")
@@ -102,9 +103,39 @@ def test_engine_replicas_leave_every_request_its_bits(tmp_path):
     for n, mode in ((2, "inline"), (3, "inline"), (2, "ray")):
         run = tmp_path / f"dp{n}{mode}"
         _driver(_recipe(tmp_path, run), "train.steps=2", "checkpoint.every=0", f"ray.mode={mode}",
-                f"rollout.num_engines={n}", "ray.num_cpus=3")
+                f"rollout.num_engines={n}", "ray.num_cpus=3", "ray.weight_sync=collective")
         for name, rows in want.items():
             assert _lines(run, name) == rows, (n, mode, name)
+        transport = {json.loads(x)["weight_sync"] for x in (run / "metrics.jsonl").read_text().splitlines()}
+        assert transport == {"collective" if mode == "ray" else "device"}
+
+
+def test_a_dead_engine_replica_stops_the_run_clearly_and_it_resumes_to_the_same_bits(tmp_path):
+    """Two engine replicas as Ray actors; one is killed (SIGKILL to the pid the run recorded in
+    workers.json) after the first checkpoint: the run stops with one line naming the engine, the step
+    and the checkpoint to resume from (exit 3), and resumed it gives the uninterrupted run's later steps
+    exactly."""
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    _driver(_recipe(tmp_path, whole), "ray.mode=inline", "checkpoint.every=1")
+    proc = _driver(_recipe(tmp_path, broken), "rollout.num_engines=2", "ray.num_cpus=3", "checkpoint.every=1",
+                   wait=False)
+    deadline = time.time() + 600
+    while not (broken / "checkpoints" / "step_000001").is_dir():
+        assert proc.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
+        time.sleep(0.1)
+    engines = json.loads((broken / "workers.json").read_text())["rollout"]
+    assert len(engines) == 2 and os.getpid() not in engines
+    os.kill(engines[1], signal.SIGKILL)  # a process of the run this test started
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 3, out[-2000:] + err[-3000:]
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error: step ") and "RolloutWorker worker 1 of 2 died" in line, line
+    assert f"resume from {broken / 'checkpoints'}" in line and line.endswith("with --resume"), line
+    _driver(_recipe(tmp_path, broken), "--resume", "ray.mode=inline", "rollout.num_engines=2")
+    for name in ("bitcheck.jsonl", "metrics.jsonl", "samples.jsonl"):
+        a, b = _lines(whole, name), _lines(broken, name)
+        assert sorted(b) == [1, 2, 3, 4, 5, 6]
+        assert all(a[step] == b[step] for step in range(1, 7)), name
 
 
 def test_a_killed_run_resumes_to_the_uninterrupted_runs_bits(tmp_path):
@@ -136,6 +167,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_runs_bits(tmp_path):
     ("model.path=/nonexistent/model", "/nonexistent/model"),
     ("data.source=/nonexistent/data.jsonl", "/nonexistent/data.jsonl"),
     ("rollout.num_engines=0", "rollout.num_engines: must be >= 1"),
+    ("ray.weight_sync=nccl", "ray.weight_sync"),
     # 3 engines and the trainer are 4 Ray actors of one CPU each: refused, where Ray would wait forever
     ("rollout.num_engines=3", "rollout.num_engines: 3 engine(s) and the trainer need 4 CPU(s) of Ray; the cluster "
                               "has 2 (raise ray.num_cpus)"),
