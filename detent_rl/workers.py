@@ -11,6 +11,7 @@ carries host copies through Ray's object store.
 """
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,9 @@ class WeightManifest:
     digest: WeightsDigest
 
 
+SYNC_TIMEOUT = datetime.timedelta(minutes=10)
+
+
 def join_sync_group(address: str, rank: int, world: int, device: torch.device) -> None:
     """This worker's place in the weight-sync group (torch.distributed's default group: the trainer is
     rank 0, engine i rank i + 1): NCCL for CUDA weights, gloo on the CPU. Blocks until all have joined."""
@@ -96,8 +100,9 @@ def join_sync_group(address: str, rank: int, world: int, device: torch.device) -
         raise RuntimeError("this worker already belongs to a torch.distributed group")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    # a peer that died mid-broadcast ends the wait after SYNC_TIMEOUT instead of never
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://{address}", rank=rank,
-                            world_size=world)
+                            world_size=world, timeout=SYNC_TIMEOUT)
 
 
 def sync_address() -> str:
