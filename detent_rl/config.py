@@ -344,6 +344,9 @@ def _validate(r: Recipe, ctx: Context) -> Recipe:
                                                    f"{batch} sequences (prompts_per_step x samples_per_prompt)")
     if r.eval.every and not d.eval_size:
         raise ctx.error("eval.every", f"{r.eval.every} needs data.eval_size >= 1")
+    if r.ray.mode == "inline" and r.ray.weight_sync != "auto":
+        raise ctx.error("ray.weight_sync", f"{r.ray.weight_sync} needs ray.mode: ray (inline, the engines take the "
+                                           f"trainer's tensors in its own process); leave it auto")
     if r.ray.address is not None and not r.ray.address.strip():
         raise ctx.error("ray.address", "must not be empty (null: RAY_ADDRESS or a local Ray)")
     return r

@@ -66,16 +66,7 @@ class WorkerGroup(Generic[W]):
 
     def get(self, handles: list[Any]) -> list[Any]:
         """The handles' results, in order. A Ray actor that died meanwhile: WorkerDiedError naming it."""
-        if not self.is_ray:
-            return list(handles)
-        import ray as ray_
-        try:
-            return ray_.get(handles)
-        except ray_.exceptions.RayActorError as e:
-            dead = [i for i, w in enumerate(self._workers) if _dead(ray_, w)]
-            which = f"worker {', '.join(map(str, dead))}" if dead else "a worker"
-            raise WorkerDiedError(f"{self.name} {which} of {len(self._workers)} died: "
-                                  f"{str(e).strip().splitlines()[0]}") from e
+        return gather((self, handles))[0]
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """`method` on every worker, waited for: one result per worker."""
@@ -88,10 +79,37 @@ class WorkerGroup(Generic[W]):
         return self.call(method, *args, **kwargs)[0]
 
 
+def gather(*calls: tuple["WorkerGroup", list[Any]]) -> list[list[Any]]:
+    """The results of handles started together on several groups (one list per group, in order). Under
+    Ray they are awaited as they finish, so a worker that dies is reported at once — not after a peer
+    that waits for it (in a collective) has timed out — and any failure while some worker of these
+    groups is dead is reported as that death (WorkerDiedError naming the group and worker), the cause
+    behind a peer's broken connection."""
+    if not any(group.is_ray for group, _ in calls):
+        return [list(handles) for _, handles in calls]
+    import ray as ray_
+    pending = [ref for group, handles in calls if group.is_ray for ref in handles]
+    try:
+        while pending:
+            ready, pending = ray_.wait(pending, num_returns=1)
+            ray_.get(ready)
+    except Exception as e:  # noqa: BLE001 - re-raised as the death behind it, or as it was
+        dead = [(group, i) for group, _ in calls if group.is_ray for i, w in enumerate(group._workers)
+                if _dead(ray_, w)]
+        if dead:
+            names = ", ".join(f"{group.name} worker {i} of {len(group)}" for group, i in dead)
+            raise WorkerDiedError(f"{names} died: {str(e).strip().splitlines()[0]}") from e
+        raise
+    return [ray_.get(handles) if group.is_ray else list(handles) for group, handles in calls]
+
+
 def _dead(ray_: Any, actor: Any) -> bool:
-    """Whether a Ray actor is dead (a cheap call it cannot answer)."""
+    """Whether a Ray actor is dead: its built-in readiness call fails as an actor error. A live actor busy
+    with a long task may not answer in time: that is no death."""
     try:
         ray_.get(actor.__ray_ready__.remote(), timeout=10)
-        return False
-    except Exception:  # noqa: BLE001 - any failure to answer means it cannot serve the run
+    except ray_.exceptions.RayActorError:
         return True
+    except ray_.exceptions.GetTimeoutError:
+        return False
+    return False

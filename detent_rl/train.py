@@ -27,7 +27,7 @@ from detent_rl.bitcheck import MismatchError, bitcheck, enforce
 from detent_rl.checkpoint import CheckpointError
 from detent_rl.config import Recipe, RecipeError, load_recipe, save_resolved
 from detent_rl.data import DataError, PromptSampler, Task
-from detent_rl.group import WorkerDiedError, WorkerGroup
+from detent_rl.group import WorkerDiedError, WorkerGroup, gather
 from detent_rl.models.config import ModelConfigError
 from detent_rl.models.gguf import GGUFError, ModelFetchError
 from detent_rl.models.loader import WeightsError
@@ -122,18 +122,24 @@ def sync_transport(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup) -
         return "device"
     (mine,) = trainer.call("device_uuid")
     theirs = rollout.call("device_uuid")
+    shared = mine is not None and all(u == mine for u in theirs)
+    # a broadcast group: every rank on its own GPU (NCCL), or all on the CPU (gloo)
+    distinct = None not in (mine, *theirs) and len({mine, *theirs}) == len(theirs) + 1
+    on_cpu = mine is None and all(u is None for u in theirs)
     transport = recipe.ray.weight_sync
     if transport == "auto":
-        transport = "ipc" if mine is not None and all(u == mine for u in theirs) else \
-            "collective" if mine is not None and all(u is not None for u in theirs) else "host"
-    if transport == "ipc" and (mine is None or any(u != mine for u in theirs)):
+        transport = "ipc" if shared else "collective" if distinct else "host"
+    if transport == "ipc" and not shared:
         raise RecipeError(f"{recipe.source}: ray.weight_sync: ipc needs the trainer and every engine on one GPU")
+    if transport == "collective" and not (distinct or on_cpu):
+        raise RecipeError(f"{recipe.source}: ray.weight_sync: collective needs every engine and the trainer on a "
+                          f"GPU of its own, or all on the CPU")
     if transport == "collective":
         address = trainer.call_one("sync_address")
         world = len(rollout) + 1
         handles = trainer.async_call("join_sync_group", address, 0, world)
         joined = rollout.async_each("join_sync_group", [(address, i + 1, world) for i in range(len(rollout))])
-        trainer.get(handles), rollout.get(joined)
+        gather((trainer, handles), (rollout, joined))
     return transport
 
 
@@ -145,8 +151,8 @@ def sync_weights(rollout: WorkerGroup, trainer: WorkerGroup, transport: str) -> 
         manifest = trainer.call_one("weights_manifest")
         sending = trainer.async_call("broadcast_weights")
         received = rollout.async_call("receive_weights", manifest)
-        trainer.get(sending)
-        (digest,) = set(rollout.get(received))
+        _, digests = gather((trainer, sending), (rollout, received))  # a dead engine reported at once
+        (digest,) = set(digests)
         return digest
     (digest,) = set(rollout.call("update_weights", *trainer.async_call("weights", transport)))
     return digest

@@ -145,6 +145,8 @@ def search(axes: tuple[str, ...], legal: list[tuple], default: tuple, cost: Call
             measured[a] = cost(a)
         return min(measured, key=measured.get), measured
     ok = set(legal)
+    if default not in ok:
+        raise ValueError(f"search: the starting assignment {default} is not among the {len(legal)} candidates")
     with_value: dict[tuple[int, Any], list[tuple]] = {}
     for a in legal:
         for i, v in enumerate(a):

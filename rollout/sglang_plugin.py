@@ -38,12 +38,13 @@ What it pins now:
   samples with SGLang's seeded sampler (`multinomial_with_seed`: a hash of seed, position and
   column), whatever the batch.
 
-- **FA3 and FlashInfer backends.** FA3: one KV split in prefill and decode (its splits are equal
-  parts of a row's length, so only one keeps the bits). FlashInfer: fixed prefill and decode split
-  tiles (tuple site FLASHINFER_SITE; SGLang's deterministic defaults without one), tensor-core decode,
-  no KV split inside captured decode graphs. These are SGLang's own deterministic settings, applied
-  without its process-wide mode; they are not yet checked on a GPU here, and the trainer-side
-  reproduction below exists for the Triton backend only.
+- **FA3 backend.** One KV split in prefill and decode (its splits are equal parts of a row's length,
+  so only one keeps the bits): SGLang's own deterministic setting without its process-wide mode; not
+  yet checked on a GPU here, and the trainer-side reproduction below exists for the Triton backend
+  only. FA4 (the same class) is refused. FlashInfer is not pinned: its `__init__` builds its decode
+  wrappers with the tensor-core choice and sizes its workspace before any AFTER hook could change
+  them, and its ragged (chunk + prefix) prefill follows the process-wide deterministic flag, so its
+  pins need SGLang's deterministic configuration in force during `__init__`.
 
 The trainer's side of the attention is `rollout/sglang_attention.py` (SGLang's two kernels, each row
 the way the rollout computed it). Not yet: the all-reduce for TP > 1, the rest of the trainer's
@@ -69,15 +70,11 @@ from detent_rl.selir.solver import solve
 SUPPORTED_VERSIONS = ("0.5.23",)
 TRITON_BACKEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend"
 FA3_BACKEND = "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend"
-FLASHINFER_BACKEND = "sglang.srt.layers.attention.flashinfer_backend.FlashInferAttnBackend"
 SAMPLING_PARAMS = "sglang.srt.sampling.sampling_params.SamplingParams"
 SAMPLING_BATCH = "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo"
 MOE_CONFIG = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config.try_get_optimal_moe_config"
 SITE = "sglang.triton_decode"  # the commitment tuple's site of the Triton decode split tile
 MOE_SITE = "sglang.fused_moe"  # ... and of the fused-MoE config row (pins of `fused_moe_config`)
-FLASHINFER_SITE = "sglang.flashinfer"  # ... and of FlashInfer's split tiles (knobs prefill_/decode_split_tile_size)
-# SGLang 0.5.23's deterministic FlashInfer tiles (SGLANG_FLASHINFER_PREFILL/DECODE_SPLIT_TILE_SIZE's defaults)
-FLASHINFER_TILES = {"prefill_split_tile_size": 4096, "decode_split_tile_size": 2048}
 MOE_MAX_TOKENS = 1 << 16  # the MoE program's bound on tokens per call (a fact it only assumes)
 ENV_COMMITMENT = "DETENT_COMMITMENT"  # a commitment tuple file for processes SGLang starts
 MAX_NUM_SEQ = 1 << 16  # the selection program's bound on requests per call (a fact it only assumes)
@@ -150,7 +147,7 @@ def backend_selector(facts: dict, tile: int):
     return sol.commit(knobs={"split_tile_size": tile})
 
 
-_STATE: dict = {"registered": False, "tile": None, "moe_pins": None, "moe_path": None, "flashinfer": None}
+_STATE: dict = {"registered": False, "tile": None, "moe_pins": None, "moe_path": None}
 
 
 def register(commitment: Optional[os.PathLike | str] = None) -> None:
@@ -162,14 +159,12 @@ def register(commitment: Optional[os.PathLike | str] = None) -> None:
     _STATE["tile"] = _split_tile(path, tuple_)
     site = tuple_.sites.get(MOE_SITE) if tuple_ is not None else None
     _STATE["moe_pins"], _STATE["moe_path"] = (dict(site.pins) if site is not None else None), path
-    _STATE["flashinfer"] = flashinfer_tiles(path, tuple_)
     moe_token_count.cache_clear()
     moe_facts.cache_clear()
     if _STATE["registered"]:
         return
     HookRegistry.register(f"{TRITON_BACKEND}.__init__", pin_backend, HookType.AFTER)
     HookRegistry.register(f"{FA3_BACKEND}.__init__", pin_fa3_backend, HookType.AFTER)
-    HookRegistry.register(f"{FLASHINFER_BACKEND}.__init__", pin_flashinfer_backend, HookType.AFTER)
     HookRegistry.register(f"{TRITON_BACKEND}.get_num_kv_splits", pinned_num_kv_splits, HookType.REPLACE)
     HookRegistry.register(MOE_CONFIG, pinned_moe_config, HookType.AROUND)
     HookRegistry.register(f"{SAMPLING_PARAMS}.verify", require_seed, HookType.AFTER)
@@ -211,38 +206,17 @@ def pin_fa3_backend(result: Any, backend: Any, *args: Any, **kwargs: Any) -> Non
     """After FlashAttentionBackend.__init__: one KV split, in prefill and decode. FA3 splits a row's keys
     into `num_splits` equal parts of its KV length (0: its heuristic picks the count from the batch), so
     no count but one keeps a row's bits when the batch or its length moves: SGLang's deterministic
-    setting, here without the rest of that mode. (No split stride exists in FA3 to keep split-KV's
-    speed; the Triton backend has one, and only its rollout has a trainer-side reproduction so far.)"""
+    setting, here without the rest of that mode (both fields are read at forward time, after __init__).
+    (No split stride exists in FA3 to keep split-KV's speed; the Triton backend has one, and only its
+    rollout has a trainer-side reproduction so far.) The same class runs FA4, whose deterministic mode
+    also switches its kernels to batch-invariant ones before their first compile: refused here."""
+    version = getattr(backend, "fa_impl_ver", 3)
+    if version != 3:
+        raise SGLangPluginError(f"detent_rl's SGLang plugin pins FlashAttention 3's splits; this backend runs "
+                                f"FlashAttention {version}, whose batch invariance it does not set up: use "
+                                f"--attention-backend triton (or fa3)")
     backend.num_splits = 1
     backend.decode_num_splits = 1
-
-
-def flashinfer_tiles(path: Optional[str], tuple_: Optional[CommitmentTuple]) -> dict:
-    """FlashInfer's prefill and decode split tiles: the tuple's site FLASHINFER_SITE knobs, else SGLang's
-    deterministic defaults (FLASHINFER_TILES); a tile must be a positive multiple of 16 tokens."""
-    site = tuple_.sites.get(FLASHINFER_SITE) if tuple_ is not None else None
-    tiles = dict(FLASHINFER_TILES)
-    if site is not None:
-        unknown = sorted(set(site.knobs) - set(tiles))
-        if unknown:
-            raise SGLangPluginError(f"{path}: sites.{FLASHINFER_SITE}.knobs: unknown {unknown}; known: {sorted(tiles)}")
-        tiles.update(site.knobs)
-    for name, tile in tiles.items():
-        if not (isinstance(tile, int) and not isinstance(tile, bool) and tile > 0 and tile % 16 == 0):
-            raise SGLangPluginError(f"{path}: sites.{FLASHINFER_SITE}.knobs.{name} is {tile!r}; a split tile is a "
-                                    f"positive multiple of 16 tokens")
-    return tiles
-
-
-def pin_flashinfer_backend(result: Any, backend: Any, *args: Any, **kwargs: Any) -> None:
-    """After FlashInferAttnBackend.__init__: SGLang's deterministic FlashInfer settings — fixed split tiles
-    for prefill and decode (from the tuple), tensor-core decode (the prefill kernel's arithmetic), no
-    KV split in captured decode graphs — without the rest of its deterministic mode."""
-    tiles = _STATE["flashinfer"] or dict(FLASHINFER_TILES)
-    backend.prefill_split_tile_size = tiles["prefill_split_tile_size"]
-    backend.decode_split_tile_size = tiles["decode_split_tile_size"]
-    backend.decode_use_tensor_cores = True
-    backend.disable_cuda_graph_kv_split = True
 
 
 def pinned_num_kv_splits(backend: Any, num_kv_splits: torch.Tensor, seq_lens: torch.Tensor,

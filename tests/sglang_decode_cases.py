@@ -36,10 +36,21 @@ def backend(arm: str, *, num_head: int, num_kv_head: int, context: int, sms: int
         be.max_kv_splits = -(-context // DETERMINISTIC_TILE)
         return be, TritonAttnBackend.get_num_kv_splits
     if arm == "detent":
-        P._STATE["tile"] = tile
-        P.pin_backend(None, be)
+        _pin(be, tile)
         return be, P.pinned_num_kv_splits
     raise ValueError(f"unknown arm {arm!r}; expected stock, deterministic or detent")
+
+
+def _pin(be, tile: int) -> None:
+    """The plugin's hook on these backend fields, with `tile` as the tuple's split tile (the plugin's
+    module state restored after)."""
+    from detent_rl.rollout import sglang_plugin as P
+    before = P._STATE["tile"]
+    P._STATE["tile"] = tile
+    try:
+        P.pin_backend(None, be)
+    finally:
+        P._STATE["tile"] = before
 
 
 class Batch:
@@ -148,8 +159,7 @@ def sglang_rollout_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: l
     be = SimpleNamespace(num_head=H, num_kv_head=k.shape[1], max_kv_splits=STOCK_MAX_KV_SPLITS, device_core_count=132,
                          max_context_len=context, use_mla=False, static_kv_splits=False,
                          enable_deterministic=False, split_tile_size=None, enable_lean_attention=None)
-    P._STATE["tile"] = tile
-    P.pin_backend(None, be)
+    _pin(be, tile)
     step = 0
     while True:
         live = [(a + p + step, a) for a, b, p in zip(cu, cu[1:], prompts) if a + p + step < b]

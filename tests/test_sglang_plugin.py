@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import random
-import re
 import sys
 from types import SimpleNamespace
 
@@ -49,7 +48,7 @@ def fresh_sglang():
             setattr(m, k, moe)
         HookRegistry.reset()
         sgl_plugins._plugins_loaded = False
-        P._STATE.update(registered=False, tile=None, moe_pins=None, moe_path=None, flashinfer=None)
+        P._STATE.update(registered=False, tile=None, moe_pins=None, moe_path=None)
     reset()
     yield
     reset()
@@ -67,8 +66,8 @@ def test_sglang_loads_the_plugin_from_its_entry_point(fresh_sglang, monkeypatch)
     assert P.applied()
     with pytest.raises(ValueError, match="sampling_seed"):  # the sampling hook went in with it
         SamplingParams(max_new_tokens=4, temperature=1.0).verify(vocab_size=100)
-    # the FA3 and FlashInfer pins are registered too (their modules import only where their kernels do)
-    assert {f"{P.FA3_BACKEND}.__init__", f"{P.FLASHINFER_BACKEND}.__init__"} <= set(HookRegistry._hooks)
+    # the FA3 pin is registered too (its module imports only where its kernels do)
+    assert f"{P.FA3_BACKEND}.__init__" in HookRegistry._hooks
 
 
 def _init_assigns(target: str) -> set[str]:
@@ -85,33 +84,16 @@ def _init_assigns(target: str) -> set[str]:
             if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
 
 
-def test_fa3_and_flashinfer_take_their_deterministic_splits_from_the_plugin(tmp_path):
-    """The attributes the hooks set are the ones SGLang's own __init__ sets (read from its source, so a
-    renamed field in another version fails here); FA3 keeps one split, FlashInfer the tuple's tiles
-    (SGLang's deterministic defaults without a tuple; a bad tile is refused naming the file and key)."""
-    fa3, fi = _init_assigns(P.FA3_BACKEND), _init_assigns(P.FLASHINFER_BACKEND)
-    assert {"num_splits", "decode_num_splits"} <= fa3
-    assert {"prefill_split_tile_size", "decode_split_tile_size", "decode_use_tensor_cores",
-            "disable_cuda_graph_kv_split"} <= fi
-    be = SimpleNamespace(num_splits=0, decode_num_splits=0)  # SGLang's defaults outside deterministic mode
+def test_fa3_keeps_one_split_and_fa4_is_refused():
+    """The fields the hook sets are the ones SGLang's own __init__ assigns (read from its source, so a
+    renamed field in another version fails here); FA3 keeps one split; FA4, which the same class runs,
+    is refused (its deterministic mode needs more than the split count)."""
+    assert {"num_splits", "decode_num_splits", "fa_impl_ver"} <= _init_assigns(P.FA3_BACKEND)
+    be = SimpleNamespace(num_splits=0, decode_num_splits=0, fa_impl_ver=3)  # SGLang's defaults, not deterministic
     P.pin_fa3_backend(None, be)
     assert (be.num_splits, be.decode_num_splits) == (1, 1)
-    assert P.flashinfer_tiles(None, None) == {"prefill_split_tile_size": 4096, "decode_split_tile_size": 2048}
-    path = CommitmentTuple({P.FLASHINFER_SITE: {"knobs": {"decode_split_tile_size": 1024,
-                                                          "prefill_split_tile_size": 1024}}}).save(tmp_path / "t.json")
-    P._STATE["flashinfer"] = P.flashinfer_tiles(path, CommitmentTuple.load(path))
-    be = SimpleNamespace(prefill_split_tile_size=None, decode_split_tile_size=None, decode_use_tensor_cores=False,
-                         disable_cuda_graph_kv_split=False)
-    P.pin_flashinfer_backend(None, be)
-    assert vars(be) == {"prefill_split_tile_size": 1024, "decode_split_tile_size": 1024,
-                        "decode_use_tensor_cores": True, "disable_cuda_graph_kv_split": True}
-    P._STATE["flashinfer"] = None
-    for knobs, key in (({"decode_split_tile_size": 1000}, "decode_split_tile_size is 1000"),
-                       ({"split_tile": 64}, "unknown ['split_tile']")):
-        bad = CommitmentTuple({P.FLASHINFER_SITE: {"knobs": knobs}}).save(tmp_path / "bad.json")
-        where = rf"bad\.json: sites\.sglang\.flashinfer\.knobs.*{re.escape(key)}"
-        with pytest.raises(P.SGLangPluginError, match=where):
-            P.flashinfer_tiles(bad, CommitmentTuple.load(bad))
+    with pytest.raises(P.SGLangPluginError, match="runs FlashAttention 4"):
+        P.pin_fa3_backend(None, SimpleNamespace(num_splits=0, decode_num_splits=0, fa_impl_ver=4))
 
 
 def test_an_unsupported_sglang_is_refused_by_name():
