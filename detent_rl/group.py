@@ -111,5 +111,5 @@ def _dead(ray_: Any, actor: Any) -> bool:
     except ray_.exceptions.RayActorError:
         return True
     except ray_.exceptions.GetTimeoutError:
-        return False
+        pass
     return False

@@ -253,8 +253,9 @@ class TrainerWorker:
         """The collective sync's first half: the compute weights' names, shapes, dtypes and digest (taken
         on the device); `broadcast_weights` then sends these very tensors, which no update changes between."""
         live = self.trainer.compute_weights(on_device=True)
-        self._broadcast = [live[n] for n in sorted(live)]
-        return WeightManifest(tuple(sorted(live)), tuple(tuple(t.shape) for t in self._broadcast),
+        names = tuple(sorted(live))
+        self._broadcast = [live[n] for n in names]
+        return WeightManifest(names, tuple(tuple(t.shape) for t in self._broadcast),
                               tuple(str(t.dtype).removeprefix("torch.") for t in self._broadcast), weights_digest(live))
 
     def broadcast_weights(self) -> int:

@@ -300,7 +300,7 @@ def _flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     autograd.grad reran flash's forward, 96 of 334 ms of a 1.5B long-context backward on the H200),
     no padding, the GQA heads summed by the kernel (k, v not repeated). Deterministic under PyTorch's
     deterministic algorithms (its dq accumulation then runs in a fixed order)."""
-    cu = torch.tensor(cu_q, dtype=torch.int32, device=q.device)
+    cu = device_tensor(cu_q, torch.int32, q.device)
     longest = max(b - a for a, b in zip(cu_q, cu_q[1:]))
     rng = torch.empty(2, dtype=torch.uint64, device=q.device)  # dropout 0: no Philox state is read
     with _deterministic():

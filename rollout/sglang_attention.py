@@ -44,6 +44,7 @@ def rollout_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     its combine, are sized ceil(context / tile), as the plugin sizes them)."""
     from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd_unified
+    from detent_rl.rollout.sglang_plugin import split_counts
     if len(cu_seqlens) != len(prompt_lens) + 1 or cu_seqlens[0] != 0 or cu_seqlens[-1] != q.shape[0]:
         raise ValueError(f"cu_seqlens {cu_seqlens[:4]}... must run from 0 to {q.shape[0]} with one sequence per "
                          f"prompt length ({len(prompt_lens)})")
@@ -51,6 +52,8 @@ def rollout_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     bad = [i for i, (n, p) in enumerate(zip(lens, prompt_lens)) if not 1 <= p <= n]
     if bad:
         raise ValueError(f"sequences {bad[:4]}: a prompt length must be 1..the sequence's length")
+    if max(lens) > context:
+        raise ValueError(f"a sequence of {max(lens)} tokens exceeds the deployment's context of {context}")
     dev, H = q.device, q.shape[1]
     i32 = dict(dtype=torch.int32, device=dev)
     out = torch.empty_like(q)
@@ -63,16 +66,13 @@ def rollout_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     out[prompt_rows] = o
     # the completion rows: each a decode step of its own, over its sequence's keys 0..p
     rows = [(a + p, a) for a, n, pl in zip(cu_seqlens, lens, prompt_lens) for p in range(pl, n)]
-    if max(lens) > context:
-        raise ValueError(f"a sequence of {max(lens)} tokens exceeds the deployment's context of {context}")
     splits_max = -(-context // tile)
     for at in range(0, len(rows), rows_per_call):
         part = rows[at:at + rows_per_call]
         kv_lens = [r - a + 1 for r, a in part]
         indptr = torch.tensor([0] + list(accumulate(kv_lens)), **i32)
         indices = torch.cat([torch.arange(a, r + 1, **i32) for r, a in part])
-        lens_t = torch.tensor(kv_lens, **i32)
-        splits = (lens_t + tile - 1) // tile  # the plugin's pinned count for each row's KV length
+        splits = split_counts(torch.tensor(kv_lens, **i32), tile)  # the plugin's pinned count
         logits = torch.empty((len(part), H, splits_max, v.shape[2]), dtype=torch.float32, device=dev)
         lse = torch.empty((len(part), H, splits_max), dtype=torch.float32, device=dev)
         o = torch.empty((len(part), H, v.shape[2]), dtype=q.dtype, device=dev)

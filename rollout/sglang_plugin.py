@@ -228,8 +228,13 @@ def pinned_num_kv_splits(backend: Any, num_kv_splits: torch.Tensor, seq_lens: to
     if num_group * seq_lens.shape[0] != num_kv_splits.shape[0]:
         raise ValueError(f"{num_kv_splits.shape[0]} split slots for {seq_lens.shape[0]} sequences")
     lens = seq_lens.repeat_interleave(num_group) if num_group > 1 else seq_lens
-    tile = backend.split_tile_size
-    num_kv_splits[:] = (lens + tile - 1) // tile
+    num_kv_splits[:] = split_counts(lens, backend.split_tile_size)
+
+
+def split_counts(seq_lens: torch.Tensor, tile: int) -> torch.Tensor:
+    """The pinned split count of each KV length: ceil(length / tile) (the trainer's reproduction,
+    `rollout/sglang_attention.py`, takes the same)."""
+    return (seq_lens + tile - 1) // tile
 
 
 @functools.lru_cache(maxsize=None)

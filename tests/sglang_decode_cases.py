@@ -22,13 +22,21 @@ DETERMINISTIC_TILE = 256  # SGLANG_TRITON_DECODE_SPLIT_TILE_SIZE's default in SG
 STOCK_MAX_KV_SPLITS = 8  # --triton-attention-num-kv-splits' default
 
 
+def backend_fields(**kw) -> SimpleNamespace:
+    """The fields of a TritonAttnBackend that its split selection reads (by default a 32-head, 4-KV-head
+    model, 40,960-token context, on 132 SMs), as SGLang's __init__ leaves them outside deterministic mode;
+    `kw` overrides them."""
+    return SimpleNamespace(**{"num_head": 32, "num_kv_head": 4, "max_kv_splits": STOCK_MAX_KV_SPLITS,
+                              "device_core_count": 132, "max_context_len": 40960, "use_mla": False,
+                              "static_kv_splits": False, "enable_deterministic": False, "split_tile_size": None,
+                              "enable_lean_attention": None, **kw})
+
+
 def backend(arm: str, *, num_head: int, num_kv_head: int, context: int, sms: int, tile: int = 256):
     """(backend fields, split-count function) of one arm: "stock", "deterministic" or "detent"."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     from detent_rl.rollout import sglang_plugin as P
-    be = SimpleNamespace(num_head=num_head, num_kv_head=num_kv_head, max_kv_splits=STOCK_MAX_KV_SPLITS,
-                         device_core_count=sms, max_context_len=context, use_mla=False, static_kv_splits=False,
-                         enable_deterministic=False, split_tile_size=None)
+    be = backend_fields(num_head=num_head, num_kv_head=num_kv_head, device_core_count=sms, max_context_len=context)
     if arm == "stock":
         return be, TritonAttnBackend.get_num_kv_splits
     if arm == "deterministic":
@@ -127,7 +135,6 @@ def sglang_rollout_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: l
     (with the unrelated requests' keys), as SGLang's allocator leaves them."""
     from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd_unified
-    from detent_rl.rollout import sglang_plugin as P
     g = torch.Generator(device="cpu").manual_seed(seed)
     rng = random.Random(seed)
     dev, T, H, D = q.device, q.shape[0], q.shape[1], q.shape[2]
@@ -156,10 +163,7 @@ def sglang_rollout_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: l
     first = max(1, prompts[0] // 2)
     extend([(cu[0], 0, first)])
     extend([(cu[0], first, prompts[0] - first)] + [(a, 0, p) for a, p in zip(cu[1:-1], prompts[1:])])
-    be = SimpleNamespace(num_head=H, num_kv_head=k.shape[1], max_kv_splits=STOCK_MAX_KV_SPLITS, device_core_count=132,
-                         max_context_len=context, use_mla=False, static_kv_splits=False,
-                         enable_deterministic=False, split_tile_size=None, enable_lean_attention=None)
-    _pin(be, tile)
+    be, select = backend("detent", num_head=H, num_kv_head=k.shape[1], context=context, sms=132, tile=tile)
     step = 0
     while True:
         live = [(a + p + step, a) for a, b, p in zip(cu, cu[1:], prompts) if a + p + step < b]
@@ -175,7 +179,7 @@ def sglang_rollout_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: l
         queries = queries[order]
         lens = torch.tensor([len(x) for x in kv], **i32)
         splits = torch.empty(len(kv), **i32)
-        P.pinned_num_kv_splits(be, splits, lens)
+        select(be, splits, lens)
         logits = torch.empty((len(kv), H, be.max_kv_splits, D), dtype=torch.float32, device=dev)
         lse = torch.empty((len(kv), H, be.max_kv_splits), dtype=torch.float32, device=dev)
         o = torch.empty((len(kv), H, D), dtype=q.dtype, device=dev)

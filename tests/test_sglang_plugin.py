@@ -6,12 +6,14 @@ from __future__ import annotations
 import importlib.metadata
 import random
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from interpreted import run_interpreted
+from sglang_decode_cases import backend_fields
 from sglang_env import PRELUDE, import_sglang
 
 sglang = import_sglang()
@@ -76,7 +78,7 @@ def _init_assigns(target: str) -> set[str]:
     import ast
     import importlib.util
     module, cls = target.rsplit(".", 1)
-    tree = ast.parse(open(importlib.util.find_spec(module).origin).read())
+    tree = ast.parse(Path(importlib.util.find_spec(module).origin).read_text())
     node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
     init = next(n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
     return {t.attr for n in ast.walk(init) if isinstance(n, (ast.Assign, ast.AnnAssign))
@@ -117,20 +119,11 @@ def test_the_split_tile_comes_from_the_commitment_tuple(tmp_path, monkeypatch):
         P.split_tile_size(tmp_path / "broken.json")
 
 
-def backend(**kw):
-    """The fields of a TritonAttnBackend that its split selection reads (a 32-head, 4-KV-head model,
-    40,960-token context, on 132 SMs), as SGLang's __init__ leaves them by default."""
-    return SimpleNamespace(**{"num_head": 32, "num_kv_head": 4, "max_kv_splits": 8, "device_core_count": 132,
-                              "max_context_len": 40960, "use_mla": False, "static_kv_splits": False,
-                              "enable_deterministic": False, "split_tile_size": None,
-                              "enable_lean_attention": None, **kw})
-
-
 def test_the_pinned_backend_takes_its_splits_from_the_committed_selector(fresh_sglang):
     """After __init__ the hook sizes the split buffers from the selector; each request's count is the
     selector's, computed for the batch at once, and no neighbour moves it."""
     P._STATE["tile"] = 512
-    be = backend()
+    be = backend_fields()
     P.pin_backend(None, be)
     assert (be.split_tile_size, be.max_kv_splits, be.static_kv_splits) == (512, 80, False)
     assert be.enable_lean_attention is False  # SGLang's work-stealing decode (ROCm) never runs pinned
@@ -163,20 +156,20 @@ import torch
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from detent_rl.kernels.programs.sglang import triton_decode as TD
 from detent_rl.rollout import sglang_plugin as P
-from test_sglang_plugin import backend
+from sglang_decode_cases import backend_fields
 facts = {**TD.REFERENCE_FACTS, "max_num_seq": 512}  # batches past 256: SGLang schedules them in a wider block
 rng = random.Random(1)
 stock_counts, pinned_counts, checked = set(), set(), 0
-pinned = backend()
+pinned = backend_fields()
 P._STATE["tile"] = 256
 P.pin_backend(None, pinned)
 for trial in range(24):
     n = rng.choice([1, 2, 3, 8, 64, 255, 256, 300])
     lo = rng.choice([1, 1000, 30000])
     lens = [rng.randint(lo, 40960) for _ in range(n - 1)] + [5000]
-    for path, be in (("heuristic", backend()), ("deterministic", backend(enable_deterministic=True, split_tile_size=256,
+    for path, be in (("heuristic", backend_fields()), ("deterministic", backend_fields(enable_deterministic=True, split_tile_size=256,
                                                                           max_kv_splits=160)),
-                     ("static", backend(static_kv_splits=True))):
+                     ("static", backend_fields(static_kv_splits=True))):
         out = torch.zeros(n, dtype=torch.int32)
         TritonAttnBackend.get_num_kv_splits(be, out, torch.tensor(lens, dtype=torch.int32))
         kw = {**facts, "enable_deterministic": path == "deterministic", "static_kv_splits_env": path == "static"}

@@ -16,7 +16,8 @@ from detent_rl.models import load_model
 from detent_rl.models.layers import Linear
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
-from detent_rl.tune import BUDGET, LADDER, MAX_CALLS, Workload, _thinned, candidates, main, search, tune
+from detent_rl.tune import MAX_CALLS, Workload, _thinned, main, tune
+from detent_rl.tune_search import BUDGET, LADDER, candidates, search
 from test_models import LIMITS, hf_model, save, sequences
 
 
