@@ -10,6 +10,8 @@ row's bits depend on `chunk` (and the data), never on M or on the schedule:
   chunk) writes its chunk sum to an fp32 workspace; `combine_splits` adds them in order.
 - `parallel=False` (prefill and the trainer, large M: compute-bound, big tiles): one program per
   tile loops over the chunks, each into a fresh accumulator added to the running total in order.
+  With `wgmma=True` on Hopper the same sequential sums run in `matmul_wgmma`'s kernel, which issues
+  the warpgroup MMAs itself and waits for them once a chunk instead of once a block.
 
 Tile shapes (BLOCK_M/N/K, warps, stages) are free per call: on the H200 a `tl.dot` row does not
 change with them (measured on every 0.5B/1.5B site by tests/test_kernels_matmul_gpu.py). So the
@@ -25,6 +27,8 @@ from typing import Any
 import torch
 
 from detent_rl.kernels._triton import interpreting, pdl, pdl_enter, tl, triton
+from detent_rl.kernels.matmul_wgmma import applies as wgmma_applies
+from detent_rl.kernels.matmul_wgmma import linear_wgmma
 
 
 @triton.jit
@@ -130,7 +134,7 @@ def check_operands(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, chunk: int, parallel: bool,
            block_m: int, block_n: int, block_k: int, group_m: int = 8, num_warps: int = 4,
-           num_stages: int = 3, flat: bool = False) -> torch.Tensor:
+           num_stages: int = 3, flat: bool = False, wgmma: bool = False) -> torch.Tensor:
     """`x @ w.T + bias` for x [M, K], w [N, K]: K cut into `chunk`-element chunks (what fixes the
     bits; `chunk >= K` is one chunk), computed by the parallel or the sequential schedule with the
     given tile (free per call: neither changes a row's bits). `flat` runs the sequential schedule as
@@ -146,6 +150,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         # one dot that accumulates onto it (`dot(a, b, 0) + t -> dot(a, b, t)`): other bits (312 of
         # 622,592 outputs differed on the H200). Two blocks per chunk keep the chunk's own sum.
         block_k //= 2
+    if wgmma and x.is_cuda and (not parallel or chunk >= x.shape[1]) and wgmma_applies(x, w, block_k):
+        return linear_wgmma(x, w, bias, chunk=chunk, block_k=block_k, group_m=group_m, num_buffers=num_stages,
+                            pdl=pdl(x)["PDL"])
     if x.is_cuda or interpreting():
         return _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps,
                               num_stages, flat)
@@ -217,7 +224,7 @@ def launch_params(selection: Any) -> dict:
     return {"chunk": selection.chunk, "parallel": selection.tile_parallel, "block_m": selection.tile_block_m,
             "block_n": selection.tile_block_n, "block_k": selection.tile_block_k,
             "group_m": selection.tile_group_m, "num_warps": selection.tile_num_warps,
-            "num_stages": selection.tile_num_stages}
+            "num_stages": selection.tile_num_stages, "wgmma": selection.tile_wgmma}
 
 
 def stock_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -107,3 +107,33 @@ def test_the_flat_sequential_loop_keeps_the_bits(n, k, bias):
                 if not torch.equal(got, ref[:m]):
                     bad.append(f"chunk {chunk} {(bm, bn, bk, warps, stages)} M={m}")
     assert not bad, "the flat loop changed rows:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("n, k, bias", SITES, ids=[f"{k}to{n}" for n, k, _ in SITES])
+def test_wgmma_sequential_form_keeps_the_bits(n, k, bias):
+    """`linear(wgmma=True)` (`matmul_wgmma`: warpgroup MMAs issued by hand, waited for once a chunk)
+    against the Triton kernel's rows of the same partition, at ragged M, ring depths and BLOCK_K;
+    control: the partition still decides the bits (K whole differs from 128-element chunks)."""
+    from detent_rl.kernels.matmul_wgmma import applies, linear_wgmma
+    rows = 256 if n > 100_000 else 2048
+    x, w, b = _data(n, k, bias, torch.bfloat16, rows)
+    if not applies(x, w, 64):
+        pytest.skip("warpgroup MMAs need an sm_90 GPU and Triton's Gluon")
+    bad, outs = [], {}
+    for chunk in (128, 640, 1 << 20):
+        ref = linear(x, w, b, chunk=chunk, parallel=False, block_m=128, block_n=128, block_k=64, num_warps=8)
+        for bk, ring in ((64, 4), (128, 3)):
+            if chunk % bk:
+                continue
+            for m in (1, 77, 300, rows):
+                got = linear_wgmma(x[:m], w, b, chunk=chunk, block_k=bk, num_buffers=ring)
+                if not torch.equal(got, ref[:m]):
+                    bad.append(f"chunk {chunk} (bk {bk}, ring {ring}) M={m}: "
+                               f"{int((got != ref[:m]).sum())} outputs differ")
+        via = linear(x[:300], w, b, chunk=chunk, parallel=False, block_m=128, block_n=128, block_k=64,
+                     num_stages=4, wgmma=True)
+        if not torch.equal(via, ref[:300]):
+            bad.append(f"chunk {chunk}: linear(wgmma=True) differs")
+        outs[chunk] = ref
+    assert not bad, "the warpgroup-MMA kernel changed rows:\n" + "\n".join(bad)
+    assert not torch.equal(outs[128], outs[1 << 20]), "control: another partition must round differently"

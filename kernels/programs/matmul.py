@@ -32,12 +32,13 @@ class GemmSchedule:
     group_m: int
     num_warps: int
     num_stages: int
+    wgmma: bool  # sequential chunks by hand-issued warpgroup MMAs (kernels/matmul_wgmma.py) where it applies
 
 
 def _s(parallel: bool, block_m: int, block_n: int, block_k: int, group_m: int, num_warps: int,
-       num_stages: int) -> GemmSchedule:
+       num_stages: int, wgmma: bool = False) -> GemmSchedule:
     return GemmSchedule(parallel=parallel, block_m=block_m, block_n=block_n, block_k=block_k, group_m=group_m,
-                        num_warps=num_warps, num_stages=num_stages)
+                        num_warps=num_warps, num_stages=num_stages, wgmma=wgmma)
 
 
 # Per bucket (the largest M it serves, in increasing order), the schedules a tuner may pick with the
@@ -48,9 +49,18 @@ TILE_CHOICES = {
     32: (_s(True, 16, 64, 128, 1, 4, 4), _s(True, 16, 32, 128, 1, 4, 4), _s(False, 16, 64, 128, 1, 4, 4)),
     128: (_s(True, 64, 64, 64, 4, 4, 3), _s(True, 32, 64, 64, 4, 4, 4), _s(False, 64, 128, 64, 8, 4, 3)),
     512: (_s(True, 64, 128, 64, 8, 4, 3), _s(True, 64, 64, 64, 8, 4, 4), _s(False, 128, 128, 64, 8, 8, 3)),
-    2048: (_s(False, 128, 128, 64, 8, 8, 3), _s(False, 128, 256, 64, 8, 8, 3), _s(False, 64, 128, 64, 8, 4, 3)),
-    8192: (_s(False, 128, 256, 64, 8, 8, 3), _s(False, 128, 128, 64, 8, 8, 3), _s(False, 128, 128, 32, 8, 8, 3)),
+    2048: (_s(False, 128, 128, 64, 8, 8, 3), _s(False, 128, 256, 64, 8, 8, 3), _s(False, 64, 128, 64, 8, 4, 3),
+           _s(False, 128, 128, 64, 8, 8, 4, wgmma=True)),
+    8192: (_s(False, 128, 256, 64, 8, 8, 3), _s(False, 128, 128, 64, 8, 8, 3), _s(False, 128, 128, 32, 8, 8, 3),
+           _s(False, 128, 128, 64, 8, 8, 4, wgmma=True)),
 }
+# From M = 513 a site whose K is cut into chunks (K > N: the down projections) runs the chunks in
+# sequence by hand-issued warpgroup MMAs (choice 3; the Triton tile where that does not apply): at
+# M = 2,048 / 8,192 the 0.5B down projection took 1.29x / 1.26x cuBLAS that way against 1.88x / 1.70x
+# in the Triton kernel, the 1.5B one 1.32x / 1.16x against 1.89x / 1.51x (H200,
+# bench/gemm_wgmma_probe.py, docs/BENCHMARKS.md). K-whole sites keep the Triton tile by default
+# (within 5 % of the warpgroup kernel either way); the tuner may pick choice 3 for any site.
+WGMMA_CHOICE = 3
 SCHEDULES = {bucket: choices[0] for bucket, choices in TILE_CHOICES.items()}  # the defaults
 # one flat table for the program: key bucket * 4 + choice
 TILES = {bucket * 4 + i: row for bucket, choices in TILE_CHOICES.items() for i, row in enumerate(choices)}
@@ -84,8 +94,8 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
     t32 = knob("tile_32", (0, 1, 2), 0)
     t128 = knob("tile_128", (0, 1, 2), 0)
     t512 = knob("tile_512", (0, 1, 2), 0)
-    t2048 = knob("tile_2048", (0, 1, 2), 0)
-    t8192 = knob("tile_8192", (0, 1, 2), 0)
+    t2048 = knob("tile_2048", (0, 1, 2, 3), 0)
+    t8192 = knob("tile_8192", (0, 1, 2, 3), 0)
     bucket = gemm_bucket(m) if by_m else 8192
     if n >= WIDE_N and bucket < 512:
         bucket = 512  # an output this wide fills the SMs with 64x128 tiles at any M
@@ -107,13 +117,16 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
     chunk = ((k + splits - 1) // splits + CHUNK_ALIGN - 1) // CHUNK_ALIGN * CHUNK_ALIGN
     if bucket == 512 and choice == 0 and tiles * ((k + chunk - 1) // chunk) * FILL_SHARE < num_sms:
         choice = 1
+    if bucket >= 2048 and choice == 0 and k > n:
+        choice = WGMMA_CHOICE
     row = TILES[bucket * 4 + choice]
     # as Triton's autotuner prunes: no more pipeline stages than shared memory holds (fp32 tiles are twice
     # the bytes of the bf16 ones the table was written for)
     stage = (row.block_m + row.block_n) * row.block_k * dtype_bytes
     stages = min(row.num_stages, smem_bytes // stage)
     tile = GemmSchedule(parallel=row.parallel and chunk < k, block_m=row.block_m, block_n=row.block_n,
-                        block_k=row.block_k, group_m=row.group_m, num_warps=row.num_warps, num_stages=stages)
+                        block_k=row.block_k, group_m=row.group_m, num_warps=row.num_warps, num_stages=stages,
+                        wgmma=row.wgmma)
     require(stages >= 1, "one stage of the tiles must fit in shared memory")
     require(chunk % CHUNK_ALIGN == 0 and chunk >= CHUNK_ALIGN, "a chunk is whole BLOCK_K blocks of every schedule")
     return {"chunk": chunk, "tile": tile}

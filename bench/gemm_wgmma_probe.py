@@ -1,0 +1,91 @@
+"""Probe: the K-partition linear's sequential form as hand-issued warpgroup MMAs (Gluon) vs cuBLAS.
+
+    python3 -P bench/gemm_wgmma_probe.py [--ms 256,512,2048,8192] [--cases down05,down15,...]
+
+For each site and M: cuBLAS, `linear`'s best sequential and parallel schedules (the plain Triton
+kernel), and `matmul_wgmma.linear_wgmma` at each ring depth / BLOCK_K, every output compared bit for
+bit with `linear`'s of the same partition (sequential and parallel forms). Times: CUDA-graph replays
+over cold weight copies (`timing.cold_copies`), median us.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.testing
+
+from detent_rl.kernels.matmul import linear
+from detent_rl.kernels.matmul_wgmma import applies, linear_wgmma
+from detent_rl.timing import cold_copies
+
+CASES = {  # n, k, bias, chunk (the default tuple's partition)
+    "down05": (896, 4864, False, 640), "down15": (1536, 8960, False, 1792),
+    "qkv05": (1152, 896, True, 896), "o05": (896, 896, False, 896), "gate_up05": (9728, 896, False, 896),
+    "qkv15": (2048, 1536, True, 1536), "gate_up15": (17920, 1536, False, 1536),
+}
+SEQ = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 32, 8, 3), (64, 128, 64, 4, 3)]
+PAR = [(16, 64, 64, 4, 3), (32, 64, 64, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 4, 3)]
+WGMMA = [(64, 3), (64, 4), (128, 3)]  # block_k, ring buffers
+
+
+def timed(fn) -> float:
+    return triton.testing.do_bench_cudagraph(fn, rep=20) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ms", default="512,2048,8192")
+    ap.add_argument("--cases", default=",".join(CASES))
+    args = ap.parse_args()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; us per call")
+    print("| site | M | cuBLAS | linear seq (best) | linear par (best) | wgmma (best: bk, ring) | wgmma / cuBLAS | "
+          "best linear / cuBLAS | bits |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for case in args.cases.split(","):
+        n, k, has_bias, chunk = CASES[case]
+        w0 = (torch.randn(n, k, generator=g, device="cuda") / k ** 0.5).to(torch.bfloat16)
+        w = cold_copies(w0)
+        b = torch.randn(n, generator=g, device="cuda").to(torch.bfloat16) if has_bias else None
+        big = torch.randn(max(int(m) for m in args.ms.split(",")), k, generator=g, device="cuda").to(torch.bfloat16)
+        for m in (int(m) for m in args.ms.split(",")):
+            x = big[:m]
+            assert applies(x, w0, 64), "not an sm_90 GPU with Gluon"
+            cublas = timed(lambda: F.linear(x, w(), b))
+            ref = linear(x, w0, b, chunk=chunk, parallel=False, block_m=64, block_n=64, block_k=64)
+            par_ref = linear(x, w0, b, chunk=chunk, parallel=True, block_m=16, block_n=64, block_k=64)
+            seq = min((timed(lambda: linear(x, w(), b, chunk=chunk, parallel=False, block_m=bm, block_n=bn,
+                                            block_k=bk, num_warps=wp, num_stages=st)), (bm, bn, bk, wp, st))
+                      for bm, bn, bk, wp, st in SEQ)
+            par = min((timed(lambda: linear(x, w(), b, chunk=chunk, parallel=True, block_m=bm, block_n=bn,
+                                            block_k=bk, num_warps=wp, num_stages=st)), (bm, bn, bk, wp, st))
+                      for bm, bn, bk, wp, st in PAR) if chunk < k else (float("inf"), None)
+            best, same, errors, each = (float("inf"), None), True, [], []
+            for bk, ring in WGMMA:
+                if chunk % bk:
+                    continue
+                kw = dict(chunk=chunk, block_k=bk, num_buffers=ring)
+                try:
+                    out = linear_wgmma(x, w0, b, **kw)
+                except Exception as e:  # noqa: BLE001 - a probe reports what does not compile or launch
+                    errors.append(f"{(bk, ring)}: {type(e).__name__}: {str(e)[:160]}")
+                    continue
+                if not (torch.equal(out, ref) and torch.equal(out, par_ref)):
+                    same = False
+                    errors.append(f"{(bk, ring)}: {int((out != ref).sum())} of {ref.numel()} outputs differ from "
+                                  f"linear's; max |diff| {float((out.float() - ref.float()).abs().max()):.3g}")
+                each.append((timed(lambda: linear_wgmma(x, w(), b, **kw)), (bk, ring)))
+                best = min(best, each[-1])
+            lin = min(seq[0], par[0])
+            print(f"| {case} | {m} | {cublas:.1f} | {seq[0]:.1f} {seq[1]} | {par[0]:.1f} {par[1] or ''} | "
+                  f"{best[0]:.1f} {best[1]} | {best[0] / cublas:.2f}x | {lin / cublas:.2f}x | "
+                  f"{'=' if same else 'DIFF'} |", flush=True)
+            print("    wgmma each (bk, ring): " + ", ".join(f"{c} {t:.1f}" for t, c in each))
+            for e in errors[:3]:
+                print("   ", e)
+
+
+if __name__ == "__main__":
+    main()

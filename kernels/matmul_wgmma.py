@@ -1,0 +1,181 @@
+"""The K-partition linear's sequential form on Hopper, issued by hand: warpgroup MMAs in Gluon.
+
+`matmul.linear`'s bits are fixed by its K partition: K cut into `chunk`-element chunks, each chunk's
+products summed into a fresh fp32 accumulator, the chunk sums added in chunk order, then the bias,
+then one rounding. In plain Triton the large-M (sequential) form of that partition runs 1.5-1.9x
+cuBLAS on the down projections (docs/BENCHMARKS.md, "The chunked partition at large M"): reading
+the accumulator at a chunk's end makes Triton's software pipeline wait for every MMA after every
+block, not once a chunk. Here the pipeline is written out (the Gluon tutorials' TMA ring): the
+operand blocks stream through a ring of shared-memory buffers that TMA fills a few blocks ahead,
+a chunk's MMAs are issued back to back (each onto the accumulator of the one in flight, at most two
+outstanding), and only a chunk's end waits for its MMAs: one register add (total += chunk sum), then
+the next chunk's first MMA starts from zero (`use_acc=False`). The arithmetic is the partition's,
+so a row equals `linear`'s bit for bit at any M (tests/test_kernels_matmul_gpu.py holds it to that
+on every site).
+
+Two fp32 accumulators (the running total and the chunk's) must fit in registers: 128 x 128 tiles
+with 8 warps (64 registers each a thread). sm_90 only; the caller checks `applies`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                  warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    HAS_GLUON = True
+except ImportError:  # no Triton, or one without Gluon's Hopper API
+    HAS_GLUON = False
+
+
+if HAS_GLUON:
+    @gluon.jit
+    def _tile_ids(pid, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+        """The same grouped tile order as `matmul.tile_ids` (GROUP_M row tiles a group: L2 reuse)."""
+        num_pid_m = gl.cdiv(M, BLOCK_M)
+        num_pid_n = gl.cdiv(N, BLOCK_N)
+        group = GROUP_M * num_pid_n
+        first_m = (pid // group) * GROUP_M
+        size_m = min(num_pid_m - first_m, GROUP_M)
+        return first_m + (pid % group) % size_m, (pid % group) // size_m
+
+    @gluon.jit
+    def _issue_load(i, a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs, NUM_BUFFERS: gl.constexpr, pred):
+        """TMA copies of K block `i` of the x rows and w rows into ring slot i % NUM_BUFFERS."""
+        slot = i % NUM_BUFFERS
+        bar = bars.index(slot)
+        k = i * a_desc.block_type.shape[1]
+        mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(slot), pred)
+        tma.async_copy_global_to_shared(b_desc, [off_n, k], bar, b_bufs.index(slot), pred)
+
+    @gluon.jit
+    def _block_mma(i, acc, use_acc, bars, a_bufs, b_bufs, NUM_BUFFERS: gl.constexpr):
+        """Wait for K block i's operands, then issue its MMA onto `acc` (asynchronously)."""
+        slot = i % NUM_BUFFERS
+        mbarrier.wait(bars.index(slot), (i // NUM_BUFFERS) & 1)
+        return warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), acc, use_acc=use_acc,
+                             is_async=True)
+
+    @gluon.jit
+    def _chunk_sums(a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs, layout: gl.constexpr,
+                    NUM_CHUNKS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr, NUM_BUFFERS: gl.constexpr):
+        """The chunk sums added in chunk order. One accumulator serves every chunk: a chunk's end waits
+        for its MMAs before the next chunk's first one overwrites it. (Two chunk accumulators in turn,
+        to overlap that wait, need a third 128 x 128 fp32 tile in registers: measured, it spilled and
+        ran 3-4x slower.)"""
+        NUM_K: gl.constexpr = NUM_CHUNKS * CHUNK_BLOCKS
+        shape: gl.constexpr = (a_desc.block_type.shape[0], b_desc.block_type.shape[0])
+        acc = gl.zeros(shape, dtype=gl.float32, layout=layout)
+        total = acc
+        for i in range(NUM_K):
+            j = i % CHUNK_BLOCKS
+            if (j == 0) & (i > 0):  # the previous chunk is issued: wait for its sum, fold it in chunk order
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                if i == CHUNK_BLOCKS:
+                    total = acc
+                else:
+                    total = total + acc
+            # within a chunk each MMA accumulates onto the one in flight (the hardware keeps their order)
+            acc = _block_mma(i, acc, j != 0, bars, a_bufs, b_bufs, NUM_BUFFERS)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # block i - 1's MMA is done: slot free
+            _issue_load(i + NUM_BUFFERS - 1, a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs, NUM_BUFFERS,
+                        i + NUM_BUFFERS - 1 < NUM_K)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if NUM_CHUNKS == 1:
+            total = acc
+        else:
+            total = total + acc
+        return total
+
+    @gluon.jit
+    def _chunked_wgmma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, HAS_BIAS: gl.constexpr,
+                              NUM_CHUNKS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr,
+                              NUM_BUFFERS: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
+        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        NUM_K: gl.constexpr = NUM_CHUNKS * CHUNK_BLOCKS  # every chunk whole: past K, TMA reads zeros
+        if PDL:  # matmul's pdl_enter: wait for the predecessor, release the successor
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                      pack=1)
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+        pid_m, pid_n = _tile_ids(gl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_BUFFERS] + a_desc.block_type.shape, a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_BUFFERS] + b_desc.block_type.shape, b_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(NUM_BUFFERS):
+            mbarrier.init(bars.index(s), count=1)
+
+        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BLOCK_N, 16])
+        for i in gl.static_range(NUM_BUFFERS - 1):  # the ring's first blocks
+            _issue_load(i, a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs, NUM_BUFFERS, i < NUM_K)
+        total = _chunk_sums(a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs, layout, NUM_CHUNKS, CHUNK_BLOCKS,
+                            NUM_BUFFERS)
+        for s in gl.static_range(NUM_BUFFERS):
+            mbarrier.invalidate(bars.index(s))
+
+        if HAS_BIAS:
+            offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+            bias = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)
+            total = total + gl.expand_dims(bias, 0)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+        c_smem.store(total.to(c_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)  # rows past M are clipped
+        tma.store_wait(pendings=0)
+
+
+BLOCK_M, BLOCK_N, NUM_WARPS = 128, 128, 8
+
+
+def applies(x: Any, w: Any, block_k: int) -> bool:
+    """Whether `linear_wgmma` can run this call: Hopper (sm_90), 16-bit operands, TMA-legal strides
+    (rows 16-byte aligned, last dimension contiguous)."""
+    import torch
+
+    if not (HAS_GLUON and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)):
+        return False
+    if torch.cuda.get_device_capability(x.device) != (9, 0):
+        return False
+    K = x.shape[1]
+    return (x.stride(1) == 1 and w.stride(1) == 1 and (x.stride(0) * 2) % 16 == 0 and (w.stride(0) * 2) % 16 == 0
+            and (K * 2) % 16 == 0 and x.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0 and block_k in (32, 64))
+
+
+def linear_wgmma(x: Any, w: Any, bias: Any = None, *, chunk: int, block_k: int = 64, group_m: int = 8,
+                 num_buffers: int = 4, pdl: bool = False) -> Any:
+    """`x @ w.T + bias` under `linear`'s K partition `chunk` (a multiple of `block_k`), in 128 x 128
+    tiles with warpgroup MMAs: the same fp32 operations, so the same bits, as `linear` at any schedule."""
+    import torch
+    import triton
+
+    M, K = x.shape
+    N = w.shape[0]
+    assert chunk % block_k == 0, f"chunk {chunk} must be whole BLOCK_K {block_k} blocks"
+    assert num_buffers >= 2, "a slot for the MMA in flight and one loading"
+    chunk = min(chunk, -(-K // block_k) * block_k)
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0:
+        return out
+    dt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    a_desc = TensorDescriptor.from_tensor(x, [BLOCK_M, block_k], gl.NVMMASharedLayout.get_default_for(
+        [BLOCK_M, block_k], dt))
+    b_desc = TensorDescriptor.from_tensor(w, [BLOCK_N, block_k], gl.NVMMASharedLayout.get_default_for(
+        [BLOCK_N, block_k], dt))
+    c_desc = TensorDescriptor.from_tensor(out, [BLOCK_M, BLOCK_N], gl.NVMMASharedLayout.get_default_for(
+        [BLOCK_M, BLOCK_N], dt))
+    tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N)
+    extra = {"launch_pdl": True} if pdl else {}
+    _chunked_wgmma_kernel[(tiles,)](a_desc, b_desc, c_desc, bias if bias is not None else out, M, N,
+                                    HAS_BIAS=bias is not None, NUM_CHUNKS=triton.cdiv(K, chunk),
+                                    CHUNK_BLOCKS=chunk // block_k, GROUP_M=group_m, NUM_BUFFERS=num_buffers,
+                                    PDL=pdl, num_warps=NUM_WARPS, **extra)
+    return out
