@@ -78,6 +78,9 @@ class SiteReport:
     default_s: float  # the site's replayed time per workload run, default assignment
     best_s: float
     axes: tuple = ()
+    exhaustive: Optional[tuple] = None  # with --exhaustive: the best of every distinct candidate, measured
+    exhaustive_n: int = 0  # how many distinct candidates that was
+    gap: Optional[float] = None  # the search's best over the exhaustive best, both re-timed together, - 1
 
 
 @dataclass
@@ -106,6 +109,14 @@ class TuneReport:
             show = lambda a: ", ".join(f"{k}={v}" for k, v in zip(s.axes, a)) or "-"  # noqa: E731
             lines.append(f"| {s.key} | {s.grid} | {s.measured} ({s.measured / max(s.grid, 1):.0%}) | {s.calls} | "
                          f"{show(s.default)} | {show(s.best)} | {s.default_s * 1e3:.3f} -> {s.best_s * 1e3:.3f} ms |")
+        checked = [s for s in self.sites if s.exhaustive is not None]
+        if checked:
+            lines += ["", "| site | distinct candidates measured | exhaustive best | search's best | search over exhaustive |",
+                      "|---|---|---|---|---|"]
+            for s in checked:
+                show = lambda a: ", ".join(f"{k}={v}" for k, v in zip(s.axes, a)) or "-"  # noqa: E731
+                lines.append(f"| {s.key} | {s.exhaustive_n} | {show(s.exhaustive)} | {show(s.best)} | "
+                             f"{s.gap:+.1%} |")
         lines.append("")
         lines.append(f"workload with the profiled tuple: {self.profiled_s:.3f} s; predicted with the tuned one: "
                      f"{self.predicted_s:.3f} s" + (f"; measured: {self.measured_s:.3f} s (additivity error "
@@ -186,12 +197,15 @@ def _thinned(calls: Counter) -> list[tuple[tuple, float]]:
 
 
 def tune(model: CausalLM, workload: Workload, *, build: Optional[Callable[[CommitmentTuple], CausalLM]] = None,
-         repeats: int = 5, families: tuple[str, ...] = TUNED, log: Callable[[str], None] = print
-         ) -> tuple[CommitmentTuple, TuneReport]:
+         repeats: int = 5, families: tuple[str, ...] = TUNED, exhaustive: int = 0,
+         log: Callable[[str], None] = print) -> tuple[CommitmentTuple, TuneReport]:
     """A new commitment tuple for `workload`: the model's resolved tuple with every measured site's
     assignment tuned (the sites of `families`; the others keep the tuple's values). `build(tuple)`
     (optional) makes a model with the tuned tuple, on which the workload runs again to measure the
-    prediction. The model and its tuple are left as they were."""
+    prediction. `exhaustive` > 0: a site of at most that many distinct candidates is also measured
+    whole, and the search's best is compared with the exhaustive best (the two re-timed side by
+    side, `repeats` rounds each, so the minimum of many noisy timings does not flatter either). The
+    model and its tuple are left as they were."""
     sel = model.selections
     if sel.arm != "detent":
         raise ValueError(f"tuning commits pins of the detent arm; this model's arm is {sel.arm}")
@@ -228,8 +242,20 @@ def tune(model: CausalLM, workload: Workload, *, build: Optional[Callable[[Commi
         best, measured = search(sol.axes, distinct, default, cost,
                                 budget=budget_for(len(sol.legal)))
         tuned[key] = SiteCommitment(*sol.split(best))
-        report.sites.append(SiteReport(key, family, len(sol.legal), len(measured), sum(calls[key].values()),
-                                       default, best, measured[default], measured[best], sol.axes))
+        site_report = SiteReport(key, family, len(sol.legal), len(measured), sum(calls[key].values()),
+                                 default, best, measured[default], measured[best], sol.axes)
+        if 0 < len(distinct) <= exhaustive:
+            everything = {a: measured[a] if a in measured else cost(a) for a in distinct}
+            top = min(everything, key=everything.get)
+            pair = {top: [], best: []}
+            for _ in range(repeats):
+                for a in pair:
+                    pair[a].append(cost(a))
+            site_report.exhaustive, site_report.exhaustive_n = top, len(distinct)
+            site_report.gap = statistics.median(pair[best]) / statistics.median(pair[top]) - 1
+            log(f"{key}: exhaustive best of {len(distinct)} {dict(zip(sol.axes, top))}; the search's best is "
+                f"{site_report.gap:+.1%} from it (re-timed side by side)")
+        report.sites.append(site_report)
         log(f"{key}: {dict(zip(sol.axes, best))} ({len(measured)} of {len(sol.legal)} legal measured, "
             f"{len(distinct)} distinct launches; "
             f"{measured[default] * 1e3:.3f} -> {measured[best] * 1e3:.3f} ms per workload run)")
@@ -283,6 +309,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.add_argument(f"--{name.replace('_', '-')}", type=int,
                         help=f"deployment limit, as the run will have it (without --recipe; default {default})")
     ap.add_argument("--repeats", type=int, default=5, help="timings per candidate call on the CPU (median)")
+    ap.add_argument("--exhaustive", type=int, default=0, metavar="N",
+                    help="also measure every site of at most N distinct candidates whole: how far is the search?")
     ap.add_argument("--no-check", action="store_true", help="skip the tuned tuple's workload run (additivity)")
     ap.add_argument("--families", default=",".join(TUNED),
                     help=f"comma-separated families to search, of {', '.join(TUNED)} (the rest keep the tuple's values)")
@@ -318,7 +346,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         torch.set_num_threads(1)
     print(f"tuning for {workload} on {model.device}")
     tuple_, report = tune(model, workload, build=None if args.no_check else build, repeats=args.repeats,
-                          families=families)
+                          families=families, exhaustive=args.exhaustive)
     print(report.render())
     tuple_.save(args.out)
     print(f"wrote {args.out} ({len(tuple_.sites)} sites, sha256 {tuple_.sha256()})")

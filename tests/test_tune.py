@@ -59,6 +59,35 @@ def test_tuned_tuple_is_legal_loadable_and_keeps_invariance(tmp_path):
         assert Engine(again, num_blocks=32).rescore(b) == b.logprobs
 
 
+def test_exhaustive_check_measures_every_distinct_candidate_beside_the_search(tmp_path, monkeypatch):
+    """`--exhaustive N`: a site of at most N distinct candidates is also measured whole, and the
+    search's best is set against the exhaustive best; larger sites are left to the search alone."""
+    import detent_rl.tune as tune_module
+    path = save(hf_model("qwen2"), tmp_path / "m")
+    model = load_model(path, "detent", dtype=torch.float32, **LIMITS)
+    distinct = {}
+    real = tune_module.candidates
+
+    def recorded(family, sol, default, calls, facts):
+        out = real(family, sol, default, calls, facts)
+        distinct[len(distinct)] = out
+        return out
+    monkeypatch.setattr(tune_module, "candidates", recorded)
+    workload = Workload(prompts=2, prompt_len=12, new_tokens=3, micro_batch=2)
+    _, report = tune(model, workload, repeats=1, families=("attention", "matmul"), exhaustive=14, log=lambda _: None)
+    sizes = [len(distinct[i]) for i in range(len(report.sites))]
+    assert any(n <= 14 for n in sizes) and any(n > 14 for n in sizes), sizes  # both kinds of site
+    for site, cands in zip(report.sites, (distinct[i] for i in range(len(report.sites)))):
+        if len(cands) <= 14:
+            assert site.exhaustive in cands and site.exhaustive_n == len(cands)
+            assert site.best in cands and math.isfinite(site.gap)
+        else:
+            assert site.exhaustive is None and site.gap is None
+    assert "search over exhaustive" in report.render()
+    _, plain = tune(model, workload, repeats=1, families=("attention",), log=lambda _: None)
+    assert all(s.exhaustive is None for s in plain.sites) and "search over exhaustive" not in plain.render()
+
+
 def test_search_measures_a_tenth_of_a_large_grid_and_reaches_the_separable_optimum():
     axes = ("a", "b", "c")
     legal = [(a, b, c) for a in range(8) for b in range(6) for c in range(5) if (a + b) % 7 != 3]  # holes
