@@ -1,14 +1,16 @@
 """The GRPO step side by side: one recipe run in each arm, phase by phase, as ratios to the stock arm.
 
-    python3 bench/step_bench.py RECIPE [--arms detent,stock] [--steps 4] [--out DIR] [key=value ...]
+    python3 bench/step_bench.py RECIPE [--arms detent,stock] [--steps 6] [--warmup 2] [--out DIR] [key=value ...]
 
 Each arm is a fresh `python -m detent_rl.train RECIPE run.arm=ARM ...` (the run's own driver, workers
 and logs; the stock arm is the honest stock pipeline: the stock engine arm and `trainer.stock`'s
 transformers trainer, with `run.on_mismatch: warn`), checkpoints off, the given overrides on top
 (e.g. `rollout.prompts_per_step=32 rollout.samples_per_prompt=8`). From each run's metrics.jsonl, the
-median over the steps after the first (the first compiles kernels and captures graphs) of each phase:
+median over the steps after the warm-up (the first compiles kernels; decode graphs are captured per
+padded batch size as each size first occurs, over the first steps) of each phase:
 rollout, rewards, rescore (0 with the free bit-check), update (the free check included), weight sync,
-the whole step; then the share of tokens whose logprobs matched the rollout's bit for bit.
+the whole step; the update's peak device memory; the share of tokens whose logprobs matched the
+rollout's bit for bit.
 """
 from __future__ import annotations
 
@@ -40,23 +42,30 @@ def main() -> None:
     ap.add_argument("recipe")
     ap.add_argument("overrides", nargs="*", help="recipe overrides, key=value")
     ap.add_argument("--arms", default="detent,stock")
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2, help="steps left out of the medians: the first compiles the "
+                    "kernels, and decode graphs are captured per padded batch size as the sizes first occur")
     ap.add_argument("--out", help="where the runs go (default: a temporary folder)")
     args = ap.parse_intermixed_args()
-    if args.steps < 2:
-        ap.error("--steps must be at least 2: the first step is a warm-up")
+    if not 1 <= args.warmup < args.steps:
+        ap.error(f"--warmup {args.warmup}: at least 1 (the first step compiles) and fewer than --steps {args.steps}")
     out = Path(args.out or tempfile.mkdtemp(prefix="step_bench_"))
     arms = args.arms.split(",")
     runs = {arm: run_arm(args.recipe, arm, args.steps, out, args.overrides) for arm in arms}
-    med = {arm: {key: statistics.median(m.get(key, 0.0) for m in rows[1:]) for _, key in PHASES}
+    med = {arm: {key: statistics.median(m.get(key, 0.0) for m in rows[args.warmup:]) for _, key in PHASES}
            for arm, rows in runs.items()}
     base = "stock" if "stock" in arms else arms[0]
-    print(f"\n{args.recipe} {' '.join(args.overrides)}: median s over steps 2-{args.steps}")
+    print(f"\n{args.recipe} {' '.join(args.overrides)}: median s over steps {args.warmup + 1}-{args.steps}")
     print("| phase | " + " | ".join(arms) + " | " + " | ".join(f"{a} / {base}" for a in arms if a != base) + " |")
     print("|---" * (1 + len(arms) + len(arms) - 1) + "|")
     for name, key in PHASES:
         ratios = [f"{med[a][key] / med[base][key]:.2f}x" if med[base][key] else "—" for a in arms if a != base]
         print(f"| {name} | " + " | ".join(f"{med[a][key]:.3f}" for a in arms) + " | " + " | ".join(ratios) + " |")
+    peak = {a: max(m.get("peak_memory_gib", 0.0) for m in runs[a]) for a in arms}
+    if any(peak.values()):
+        print("| peak device memory in the update, GiB (the process's, engine included) | "
+              + " | ".join(f"{peak[a]:.1f}" for a in arms) + " | "
+              + " | ".join(f"{peak[a] / peak[base]:.2f}x" if peak[base] else "—" for a in arms if a != base) + " |")
     print("| tokens bit-equal to the rollout | " + " | ".join(
         f"{100 * statistics.mean(m['bit_match'] for m in runs[a]):.1f} %" for a in arms) + " |" + " |" * (len(arms) - 1))
 

@@ -57,7 +57,7 @@ class RunSection:
 @dataclass(frozen=True)
 class ModelSection:
     path: Optional[str] = None  # HF checkpoint directory (config.json + safetensors)
-    builtin: Optional[Literal["tiny", "smollm2-135m-instruct", "qwen2-0.5b"]] = None  # or a named one
+    builtin: Optional[Literal["tiny", "smollm2-135m-instruct", "qwen2-0.5b", "qwen2-1.5b"]] = None  # or a named one
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     max_context: int = 1024  # prompt + completion tokens the engine admits per sequence
     commitment: Optional[str] = None  # commitment-tuple JSON from the tuner; None: the arm's defaults

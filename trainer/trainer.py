@@ -57,6 +57,7 @@ class TrainStats:
     kl_ref: float
     first_minibatch_ratio_ones: float  # exactly 1.0 when the training forward reproduces the rescore
     train_tokens: int
+    peak_memory_gib: float = 0.0  # the most device memory the process held during the update (0 on the CPU)
 
 
 def _lr_factor(cfg: TrainSection):
@@ -201,6 +202,9 @@ class Trainer:
                seen: Optional[list[torch.Tensor]] = None, first_only: bool = False) -> TrainStats:
         k = self.cfg.updates_per_batch
         size = -(-len(samples) // k)
+        device = self.opt.param_groups[0]["params"][0].device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         stats = _no_stats()
         losses, norms, first_ratio = [], [], None
         for m in range(0, len(samples), size):
@@ -216,7 +220,9 @@ class Trainer:
         return TrainStats(loss=sum(losses) / len(losses), grad_norm=max(norms), lr=self.sched.get_last_lr()[0],
                           ratio_mean=stats["ratio_sum"] / t, ratio_min=stats["ratio_min"],
                           ratio_max=stats["ratio_max"], clip_frac=stats["clipped"] / t, kl_ref=stats["kl_sum"] / t,
-                          first_minibatch_ratio_ones=first_ratio, train_tokens=stats["tokens"])
+                          first_minibatch_ratio_ones=first_ratio, train_tokens=stats["tokens"],
+                          peak_memory_gib=torch.cuda.max_memory_allocated(device) / 2 ** 30
+                          if device.type == "cuda" else 0.0)
 
     def train_checked(self, samples: list[Sample]) -> tuple[TrainStats, list[torch.Tensor]]:
         """The one optimizer step of an on-policy batch (`updates_per_batch` 1) without a rescore pass:
