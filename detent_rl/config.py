@@ -95,6 +95,9 @@ class RolloutSection:
     num_blocks: Optional[int] = None  # KV-cache blocks; None: sized from free memory
     cuda_graphs: Literal["auto", "on", "off"] = "auto"  # decode graphs; auto: on on the GPU (every arm)
     num_engines: int = 1  # engine replicas (data parallel): each prompt's group on one, dealt round-robin
+    # colocated: free the engines' KV cache while the trainer updates (the decode graphs, which hold its
+    # addresses, are captured again as their sizes recur); the same bits either way
+    release_memory: bool = False
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,10 @@ class RaySection:
     # process (one device, no Ray needed; the same calls, the same bits)
     mode: Literal["ray", "inline"] = "ray"
     address: Optional[str] = None  # None: honour RAY_ADDRESS, else start a local Ray
-    colocate: bool = True  # rollout and trainer share a GPU
+    # where the workers run, as one Ray placement group: colocated, the engines and the trainer in one
+    # bundle (one GPU: the trainer half of it, the engines the other half); disaggregated, each engine
+    # and the trainer a bundle (a GPU) of its own
+    placement: Literal["colocated", "disaggregated"] = "colocated"
     # how the weights reach the engines: auto (CUDA IPC on a shared GPU, a collective between GPUs, else
     # host copies through Ray), or one of host, ipc, collective (a torch.distributed broadcast from the
     # trainer: NCCL between GPUs, gloo on the CPU)
@@ -349,6 +355,9 @@ def _validate(r: Recipe, ctx: Context) -> Recipe:
                                            f"trainer's tensors in its own process); leave it auto")
     if r.ray.address is not None and not r.ray.address.strip():
         raise ctx.error("ray.address", "must not be empty (null: RAY_ADDRESS or a local Ray)")
+    if r.rollout.release_memory and r.ray.mode == "ray" and r.ray.placement != "colocated":
+        raise ctx.error("rollout.release_memory", "frees the engines' memory for a trainer on the same device; "
+                                                  "with ray.placement: disaggregated they share none")
     return r
 
 

@@ -24,9 +24,12 @@ class WorkerDiedError(RuntimeError):
 
 @dataclass(frozen=True)
 class RayPlacement:
-    """Resources of each Ray actor of a group."""
+    """Resources of each Ray actor of a group; with `placement_group`, worker i is placed in its bundle
+    `bundles[i]` (its resources come out of that bundle's reservation)."""
     num_cpus: float = 1
     num_gpus: float = 0
+    placement_group: Any = None
+    bundles: tuple[int, ...] = ()
 
 
 class WorkerGroup(Generic[W]):
@@ -38,10 +41,14 @@ class WorkerGroup(Generic[W]):
             raise ValueError(f"a worker group needs at least one worker, got size {size}")
         self.name = cls.__name__
         self.is_ray = ray is not None
+        self.placement = ray
         if self.is_ray:
             import ray as ray_
-            actor = ray_.remote(cls).options(num_cpus=ray.num_cpus, num_gpus=ray.num_gpus)
-            self._workers = [actor.remote(*args, **kwargs) for _ in range(size)]
+            actor = ray_.remote(cls)
+            if ray.placement_group is not None and len(ray.bundles) != size:
+                raise ValueError(f"{self.name} group of {size} workers given {len(ray.bundles)} bundles")
+            self._workers = [actor.options(num_cpus=ray.num_cpus, num_gpus=ray.num_gpus,
+                                           **_in_bundle(ray, i)).remote(*args, **kwargs) for i in range(size)]
         else:
             self._workers = [cls(*args, **kwargs) for _ in range(size)]
 
@@ -101,6 +108,15 @@ def gather(*calls: tuple["WorkerGroup", list[Any]]) -> list[list[Any]]:
             raise WorkerDiedError(f"{names} died: {str(e).strip().splitlines()[0]}") from e
         raise
     return [ray_.get(handles) if group.is_ray else list(handles) for group, handles in calls]
+
+
+def _in_bundle(ray: RayPlacement, i: int) -> dict:
+    """The actor options that put worker i in its bundle of the placement group (none without one)."""
+    if ray.placement_group is None:
+        return {}
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+        ray.placement_group, placement_group_bundle_index=ray.bundles[i])}
 
 
 def _dead(ray_: Any, actor: Any) -> bool:

@@ -79,17 +79,47 @@ def _check_ray_resources(recipe: Recipe, need: dict, have: dict) -> None:
                               f"trainer need {n:g} {kind}(s) of Ray; the cluster has {have.get(kind, 0):g}{hint}")
 
 
+PLACEMENT_TIMEOUT = 120.0  # s to wait for the placement group's bundles before giving up with the cluster's resources
+
+
+def placement_bundles(recipe: Recipe, device: str) -> tuple[list[dict], tuple[int, ...], int, float, float]:
+    """(bundles, each engine's bundle, the trainer's bundle, GPUs an engine takes, GPUs the trainer takes)
+    of `ray.placement`: colocated, one bundle holds the engines and the trainer (on a GPU the trainer
+    takes half, the engines share the other half); disaggregated, a bundle (a whole GPU) each."""
+    engines = recipe.rollout.num_engines
+    gpu = device == "cuda"
+    if recipe.ray.placement == "colocated":
+        bundle = {"CPU": engines + 1.0, **({"GPU": 1.0} if gpu else {})}
+        return [bundle], (0,) * engines, 0, (0.5 / engines if gpu else 0.0), (0.5 if gpu else 0.0)
+    bundle = {"CPU": 1.0, **({"GPU": 1.0} if gpu else {})}
+    return [dict(bundle) for _ in range(engines + 1)], tuple(range(engines)), engines, float(gpu), float(gpu)
+
+
+def _placement_group(recipe: Recipe, bundles: list[dict]) -> Any:
+    """The run's placement group, reserved: every bundle placed at once (Ray's gang scheduling), or a
+    RecipeError naming what could not be placed and what the cluster has."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    pg = placement_group(bundles, strategy="PACK", name=f"detent_rl:{recipe.run.name}:{os.getpid()}")
+    try:
+        ray.get(pg.ready(), timeout=PLACEMENT_TIMEOUT)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(pg)
+        raise RecipeError(f"{recipe.source}: ray.placement: {recipe.ray.placement} needs the bundles {bundles} "
+                          f"(rollout.num_engines: {recipe.rollout.num_engines}); Ray could not place them in "
+                          f"{PLACEMENT_TIMEOUT:g} s on a cluster of {ray.cluster_resources()}") from None
+    return pg
+
+
 def start_workers(recipe: Recipe, setup: RunSetup) -> tuple[WorkerGroup[RolloutWorker], WorkerGroup[TrainerWorker]]:
-    """The rollout and trainer groups: Ray actors (on a cluster at ray.address / RAY_ADDRESS, else a
-    local Ray this process starts), or with ray.mode: inline the two workers in this process."""
+    """The rollout and trainer groups: Ray actors in one placement group (`ray.placement`), on a cluster at
+    ray.address / RAY_ADDRESS or a local Ray this process starts; or with ray.mode: inline the two
+    workers in this process."""
     if recipe.ray.mode == "ray":
         import ray
         address = recipe.ray.address or os.environ.get("RAY_ADDRESS")
-        engines = recipe.rollout.num_engines
-        gpus = (0.5 if recipe.ray.colocate else 1) if setup.device == "cuda" else 0
-        # colocated: the engines share the half of the GPU the trainer leaves; else one GPU each
-        engine_gpus = gpus / engines if recipe.ray.colocate else gpus
-        need = {"CPU": engines + 1.0, "GPU": engine_gpus * engines + gpus}
+        bundles, engine_bundles, trainer_bundle, engine_gpus, trainer_gpus = placement_bundles(recipe, setup.device)
+        need = {kind: sum(b.get(kind, 0.0) for b in bundles) for kind in ("CPU", "GPU")}
         local = not address and not ray.is_initialized()
         if local:  # the Ray this process is about to start: checked before it starts
             _check_ray_resources(recipe, need, {"CPU": recipe.ray.num_cpus or os.cpu_count() or 1,
@@ -103,8 +133,12 @@ def start_workers(recipe: Recipe, setup: RunSetup) -> tuple[WorkerGroup[RolloutW
             ray.init(**kwargs)
         if not local:
             _check_ray_resources(recipe, need, ray.cluster_resources())
-        return (WorkerGroup(RolloutWorker, setup.spec, recipe.rollout, size=engines,
-                            ray=RayPlacement(num_cpus=1, num_gpus=engine_gpus)),
-                WorkerGroup(TrainerWorker, setup.spec, recipe.train, ray=RayPlacement(num_cpus=1, num_gpus=gpus)))
+        pg = _placement_group(recipe, bundles)
+        return (WorkerGroup(RolloutWorker, setup.spec, recipe.rollout, size=len(engine_bundles),
+                            ray=RayPlacement(num_cpus=1, num_gpus=engine_gpus, placement_group=pg,
+                                             bundles=engine_bundles)),
+                WorkerGroup(TrainerWorker, setup.spec, recipe.train,
+                            ray=RayPlacement(num_cpus=1, num_gpus=trainer_gpus, placement_group=pg,
+                                             bundles=(trainer_bundle,))))
     return (WorkerGroup(RolloutWorker, setup.spec, recipe.rollout, size=recipe.rollout.num_engines),
             WorkerGroup(TrainerWorker, setup.spec, recipe.train))

@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -167,6 +167,8 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
                              top_p=ro.top_p, top_k=ro.top_k, max_tokens=ro.max_new_tokens,
                              stop_token_ids=tuple(setup.tokenizer.eos_token_ids)) for t, j in ids]
     outs = generate(rollout, GenerateRequest([setup.prompts[t.id] for t, _ in ids], params), ro.samples_per_prompt)
+    if ro.release_memory:  # the trainer's update gets the engines' KV cache; the next generate takes it back
+        rollout.call("release_memory")
     t_rollout = time.perf_counter() - t0
     t_reward = time.perf_counter()
     samples = []
@@ -235,9 +237,18 @@ def evaluate(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup) -> float:
 
 def record_workers(run_dir: Path, rollout: WorkerGroup, trainer: WorkerGroup) -> None:
     """workers.json in the run directory: each worker's process id (the driver's own when inline), by group
-    and rank, for whoever watches or stops the run's processes."""
-    atomic.write_text(run_dir / "workers.json", json.dumps({"rollout": rollout.call("pid"),
-                                                            "trainer": trainer.call("pid")}) + "\n")
+    and rank, for whoever watches or stops the run's processes; under Ray, the placement group's bundles
+    and, per worker, the group it runs in (as it reports it) and its bundle."""
+    record: dict[str, Any] = {"rollout": rollout.call("pid"), "trainer": trainer.call("pid")}
+    if rollout.is_ray and rollout.placement.placement_group is not None:
+        import ray
+        pg = rollout.placement.placement_group
+        record["placement"] = {
+            "bundles": [ray.util.placement_group_table(pg)["bundles"][i] for i in range(pg.bundle_count)],
+            **{name: [{"placement_group": g, "bundle": b, "of": pg.id.hex()}
+                      for g, b in zip(group.call("placement_group"), group.placement.bundles)]
+               for name, group in (("rollout", rollout), ("trainer", trainer))}}
+    atomic.write_text(run_dir / "workers.json", json.dumps(record) + "\n")
 
 
 def record_commitment(run_dir: Path, rollout: WorkerGroup, trainer: WorkerGroup) -> None:

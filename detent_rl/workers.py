@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -31,6 +32,17 @@ from detent_rl.trainer.stock import StockTrainer
 from detent_rl.trainer.trainer import Sample, Trainer, TrainStats
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def placement_group_id() -> Optional[str]:
+    """The id of the Ray placement group this worker runs in (None outside one, or outside Ray)."""
+    if "ray" not in sys.modules:
+        return None
+    import ray
+    if not ray.is_initialized():
+        return None
+    pg = ray.util.get_current_placement_group()
+    return pg.id.hex() if pg is not None else None
 
 
 @dataclass(frozen=True)
@@ -168,6 +180,13 @@ class RolloutWorker:
         seqs = self.engine.generate(request.prompts, request.params)
         return [Completion(s.tokens, s.num_prompt, s.logprobs, s.num_cached) for s in seqs]
 
+    def release_memory(self) -> int:
+        """Frees the engine's KV cache until its next generate (`Engine.release_memory`); bytes freed."""
+        freed = self.engine.release_memory()
+        if torch.cuda.is_available() and next(self.model.parameters()).is_cuda:
+            torch.cuda.empty_cache()  # back to the device, for the colocated trainer
+        return freed
+
     def update_weights(self, update: WeightUpdate) -> str:
         """Copy the update in and check it: the digest of what the engine now holds must be the one the
         trainer computed over what it sent. Returns the digest's hex."""
@@ -205,6 +224,9 @@ class RolloutWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def placement_group(self) -> Optional[str]:
+        return placement_group_id()
 
 
 class TrainerWorker:
@@ -285,3 +307,6 @@ class TrainerWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def placement_group(self) -> Optional[str]:
+        return placement_group_id()

@@ -147,6 +147,13 @@ class DecodeGraphs:
         return sample_unfiltered(logits, self.seeds[:b], self.positions64[:b] + 1, self.temps[:b],
                                  temperature=temperature, block=cfg.block, num_warps=cfg.num_warps)
 
+    def drop_captured(self) -> None:
+        """Forget every captured graph (the engine freed the caches they read): each size is captured
+        again on its next use, over the caches' new storage."""
+        self.graphs.clear()
+        self.outputs.clear()
+        self.calls.clear()
+
     def _capture(self, key: tuple[int, float | None]) -> None:
         """Capture on scratch inputs: every row token 0 at position 0 in the scratch page."""
         b, temperature = key

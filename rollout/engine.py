@@ -68,6 +68,7 @@ class Engine:
         self._select_logprobs = model.selections.get("log_softmax")
         self.overlap = overlap
         self._inflight: tuple[list[Span], PendingStep] | None = None  # a launched step, tokens unread
+        self.released = False  # the KV cache's memory is freed (`release_memory`) until the next step
 
     @classmethod
     def for_requests(cls, model: CausalLM, sequences: int, tokens: int, max_num_seqs: int) -> "Engine":
@@ -114,6 +115,8 @@ class Engine:
         samples a stop token has a row in the step launched ahead, which is discarded (its own pages,
         freed after): with pinned kernels that row changes no other row's bits; in the stock arm it
         changes the batch, as an overlapping stock engine's would."""
+        if self.released:
+            self._resume_memory()
         with torch.inference_mode():  # (not a decorator: its wrapper costs as much again, every step)
             if self._inflight is None:
                 spans = self.scheduler.schedule()
@@ -224,6 +227,34 @@ class Engine:
         n = update_weights(self.model, weights, strict=strict)
         self.flush_cache()
         return n
+
+    def release_memory(self) -> int:
+        """Free the KV cache's memory while the engine is idle (a colocated trainer's update can use it):
+        the prefix cache is flushed (its pages are gone) and the captured decode graphs are dropped (they
+        hold the cache's addresses; they are captured again as their sizes recur). The next `step`
+        reallocates the cache, zeroed. Returns the bytes freed. Bit-neutral: every page a request reads
+        is written by that request first, and graphs captured again run the same pinned kernels."""
+        if not self.idle:
+            raise RuntimeError("release_memory while requests are in flight; call it between generate calls")
+        if self.released:
+            return 0
+        self.flush_cache()
+        freed = 0
+        for k, v in self.caches:
+            for t in (k, v):
+                freed += t.untyped_storage().nbytes()
+                t.untyped_storage().resize_(0)
+        if self.graphs is not None:
+            self.graphs.drop_captured()
+        self.released = True
+        return freed
+
+    def _resume_memory(self) -> None:
+        for k, v in self.caches:
+            for t in (k, v):
+                t.untyped_storage().resize_(t.numel() * t.element_size())
+                t.zero_()
+        self.released = False
 
     def flush_cache(self) -> None:
         """Forget every cached prefix block (their keys were computed by the current weights)."""

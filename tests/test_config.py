@@ -77,7 +77,7 @@ def test_defaults_and_nesting(tmp_path):
     assert r.train.loss.advantage_std is True and r.train.loss.tis_cap is None
     assert r.train.loss.aggregation == "token-mean" and r.train.loss.kl_estimator == "k3"
     assert r.checkpoint.every == 0 and r.checkpoint.keep == 2 and r.eval.every == 0
-    assert r.ray.address is None and r.ray.colocate is True and r.log.tensorboard is True
+    assert r.ray.address is None and r.ray.placement == "colocated" and r.log.tensorboard is True
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.train.steps = 7  # type: ignore[misc]
     hash(r)  # frozen all the way down, task_config included
@@ -161,7 +161,8 @@ def test_wrong_type_names_path_and_value(tmp_path, extra, path, shown):
 @pytest.mark.parametrize("override, shown", [
     ("log.tensorboard=1", "expected true or false, got 1"),
     ("log.tensorboard=yes", "expected true or false, got 'yes'"),
-    ("ray.colocate='true'", "expected true or false, got 'true'"),
+    ("log.progress='true'", "expected true or false, got 'true'"),
+    ("ray.placement=shared", "ray.placement: expected one of 'colocated', 'disaggregated', got 'shared'"),
     ("train.steps=true", "expected an integer, got True"),
     ("rollout.top_k=false", "expected an integer, got False"),
     ("train.lr=true", "expected a number, got True"),
@@ -344,3 +345,10 @@ def test_to_dict_is_plain_and_parses_back(tmp_path):
     assert d["train"]["betas"] == [0.9, 0.999] and isinstance(d["data"]["task_config"], dict)
     assert yaml.safe_load(yaml.safe_dump(d)) == d
     assert parse_recipe(d) == r and isinstance(parse_recipe(d), Recipe)
+
+
+def test_release_memory_needs_a_shared_device(tmp_path):
+    msg = refused(write(tmp_path, MINIMAL), ("ray.placement=disaggregated", "rollout.release_memory=true"))
+    assert ": rollout.release_memory: " in msg and "disaggregated" in msg, msg
+    r = load_recipe(write(tmp_path, MINIMAL), ("rollout.release_memory=true",))
+    assert r.rollout.release_memory and r.ray.placement == "colocated"

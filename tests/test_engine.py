@@ -72,6 +72,49 @@ def test_update_weights_in_place_equals_loading_the_new_checkpoint(tmp_path):
         engine.update_weights({"model.layers.0.self_attn.q_proj.weight": torch.zeros(3, 3)}, strict=False)
 
 
+def _release_and_resume(engine) -> list[str]:
+    """The engine's KV cache freed between two generate calls (a colocated trainer's update in
+    between), then the same requests again: what changed, if anything."""
+    prompts, params = _requests(6, seed=3)
+    first = engine.generate(prompts, params)
+    again = engine.generate(prompts, params)  # with the prefix cache warm
+    assert any(s.num_cached for s in again)
+    freed = engine.release_memory()
+    bad = []
+    held = sum(t.untyped_storage().nbytes() for kv in engine.caches for t in kv)
+    if freed <= 0 or held:
+        bad.append(f"release freed {freed} bytes and left {held}")
+    after = engine.generate(prompts, params)
+    if any(s.num_cached for s in after):
+        bad.append("the prefix cache outlived the pages it pointed to")
+    for label, seqs in (("warm", again), ("after release", after)):
+        for a, b in zip(first, seqs):
+            if (a.completion, a.logprobs) != (b.completion, b.logprobs):
+                bad.append(f"{label}: a request's tokens or logprobs changed")
+    return bad
+
+
+def test_release_memory_frees_the_kv_cache_and_keeps_the_bits(tmp_path):
+    model = load_model(save(hf_model("qwen2"), tmp_path), "detent", dtype=torch.bfloat16, **LIMITS)
+    engine = Engine(model, num_blocks=64, chunk_size=16)
+    assert _release_and_resume(engine) == []
+    assert engine.release_memory() > 0 and engine.release_memory() == 0  # released once until the next step
+    prompts, params = _requests(2, seed=4)
+    seq = engine.add(prompts[0], params[0])
+    engine.step()
+    if not seq.finished:
+        with pytest.raises(RuntimeError, match="in flight"):
+            engine.release_memory()
+
+
+@pytest.mark.gpu
+def test_gpu_release_memory_recaptures_the_decode_graphs_with_the_same_bits(tmp_path):
+    model = load_model(save(hf_model("qwen2"), tmp_path), "detent", dtype=torch.bfloat16, device="cuda", **LIMITS)
+    engine = Engine(model, num_blocks=64, chunk_size=16, cuda_graphs=True)
+    assert _release_and_resume(engine) == []
+    assert engine.graphs.graphs, "decode ran from graphs captured again over the new cache"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_corun_rollout_is_batch_invariant_but_the_trainers_prefill_differs(tmp_path, dtype):
     # the CoRun arm: stock's selections held still by fixed shapes (prefill alone and whole, decode

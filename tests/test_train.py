@@ -111,6 +111,28 @@ def test_engine_replicas_leave_every_request_its_bits(tmp_path):
         assert transport == {"collective" if mode == "ray" else "device"}
 
 
+def test_placement_groups_colocated_and_disaggregated_keep_every_bit(tmp_path):
+    """`ray.placement`: the workers are Ray actors in one placement group — colocated, every engine and
+    the trainer in bundle 0; disaggregated, a bundle each — and each run equals the in-process run's
+    steps, the colocated one with its engines' KV cache freed around every update. (On a GPU the
+    bundles are GPUs: one shared, or one each.)"""
+    one = tmp_path / "inline"
+    _driver(_recipe(tmp_path, one), "train.steps=2", "checkpoint.every=0", "ray.mode=inline")
+    want = {name: _lines(one, name) for name in ("bitcheck.jsonl", "metrics.jsonl", "samples.jsonl")}
+    for placement, bundles in (("colocated", [0, 0, 0]), ("disaggregated", [0, 1, 2])):  # engines 0, 1; trainer
+        run = tmp_path / placement
+        release = ["rollout.release_memory=true"] if placement == "colocated" else []  # the KV cache freed per update
+        _driver(_recipe(tmp_path, run), "train.steps=2", "checkpoint.every=0", f"ray.placement={placement}",
+                "rollout.num_engines=2", "ray.num_cpus=3", *release)
+        for name, rows in want.items():
+            assert _lines(run, name) == rows, (placement, name)
+        placed = json.loads((run / "workers.json").read_text())["placement"]
+        workers = placed["rollout"] + placed["trainer"]
+        assert [w["bundle"] for w in workers] == bundles, placed
+        assert all(w["placement_group"] == w["of"] for w in workers), placed  # each actor runs in the group
+        assert [b["CPU"] for b in placed["bundles"]] == ([3.0] if placement == "colocated" else [1.0] * 3), placed
+
+
 def test_a_dead_engine_replica_stops_the_run_clearly_and_it_resumes_to_the_same_bits(tmp_path):
     """Two engine replicas as Ray actors; one is killed (SIGKILL to the pid the run recorded in
     workers.json) after the first checkpoint: the run stops with one line naming the engine, the step
