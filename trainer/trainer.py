@@ -236,6 +236,22 @@ class Trainer:
         seen: list[torch.Tensor] = []
         return self._train(samples, None, seen), seen
 
+    def _micro_loss(self, micro: list[Sample], new: torch.Tensor, logp_old: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """GRPO's loss over one micro-batch's tokens (not yet normalised) and its statistics, from the
+        forward's logprobs `new`: the rollout's logprobs, the advantages per token, the reference's
+        logprobs when a KL term is on."""
+        device = new.device
+        ref = None
+        if self.cfg.loss.kl_coef:
+            with torch.no_grad():
+                ref = torch.cat(self._logprobs(self.ref_model, micro))
+        roll = device_tensor([x for s in micro for x in s.rollout_logprobs], torch.float32, device)
+        lengths = [len(s.rollout_logprobs) for s in micro]
+        adv = device_tensor([s.advantage for s in micro], torch.float32, device).repeat_interleave(
+            device_tensor(lengths, torch.int64, device), output_size=sum(lengths))
+        return tokens_loss(new, logp_old, roll, adv, self.cfg.loss, ref)
+
     def _update(self, samples: list[Sample], old: Optional[list[torch.Tensor]],
                 seen: Optional[list[torch.Tensor]] = None) -> tuple[float, float, dict]:
         """One optimizer step over `samples`. `old` None: each forward's own logprobs are logp_old.
@@ -268,15 +284,7 @@ class Trainer:
                 else:
                     logp_old = torch.cat(old[at:at + len(micro)]).to(device, non_blocking=True)
                 at += len(micro)
-                ref = None
-                if cfg.kl_coef:
-                    with torch.no_grad():
-                        ref = torch.cat(self._logprobs(self.ref_model, micro))
-                roll = device_tensor([x for s in micro for x in s.rollout_logprobs], torch.float32, device)
-                lengths = [len(s.rollout_logprobs) for s in micro]
-                adv = device_tensor([s.advantage for s in micro], torch.float32, device).repeat_interleave(
-                    device_tensor(lengths, torch.int64, device), output_size=sum(lengths))
-                loss, st = tokens_loss(new, logp_old, roll, adv, cfg, ref)
+                loss, st = self._micro_loss(micro, new, logp_old)
                 loss = loss / norm
                 loss.backward()
                 losses.append(loss.detach())
