@@ -137,6 +137,10 @@ class TrainSection:
     # only the first minibatch's tokens are checked, by its update's forward, which runs on the
     # rollout's weights; the later minibatches' forwards run on updated weights and check nothing)
     old_logprobs: Literal["rescore", "rollout"] = "rescore"
+    # DeepSpeed ZeRO: null, our own trainer (one rank); 2, ZeRO-2 over `num_gpus` trainer ranks (Ray actors:
+    # the gradients reduced, the fp32 masters and AdamW's state partitioned; the forward's bits unchanged)
+    zero_stage: Optional[int] = None
+    num_gpus: int = 1  # trainer ranks (a GPU each; processes on the CPU); more than one needs zero_stage 2
     loss: LossSection = field(default_factory=LossSection)
 
 
@@ -271,6 +275,7 @@ _BOUNDS = (
     ("train.eps", lambda v: v > 0, "must be > 0"),
     ("train.grad_clip", _non_negative, "must be >= 0 (0: off)"),
     ("train.micro_batch_size", _positive, "must be >= 1"),
+    ("train.num_gpus", _positive, "must be >= 1"),
     ("train.max_tokens_per_micro_batch", lambda v: v is None or v >= 1, "must be >= 1 or null"),
     ("train.updates_per_batch", _positive, "must be >= 1"),
     ("train.loss.clip_low", lambda v: 0 <= v < 1, "must be in [0, 1) (the ratio floor is 1 - clip_low)"),
@@ -355,6 +360,20 @@ def _validate(r: Recipe, ctx: Context) -> Recipe:
                                            f"trainer's tensors in its own process); leave it auto")
     if r.ray.address is not None and not r.ray.address.strip():
         raise ctx.error("ray.address", "must not be empty (null: RAY_ADDRESS or a local Ray)")
+    tr = r.train
+    if tr.zero_stage not in (None, 2):
+        raise ctx.error("train.zero_stage", f"2 (DeepSpeed ZeRO-2) or null, got {show(tr.zero_stage)}: stage 3 "
+                                            f"gathers weights in module hooks the pinned forward does not run through")
+    if tr.num_gpus > 1 and tr.zero_stage is None:
+        raise ctx.error("train.num_gpus", f"{tr.num_gpus} trainer ranks need train.zero_stage: 2 (DeepSpeed ZeRO-2)")
+    if tr.zero_stage is not None:
+        if r.ray.mode != "ray":
+            raise ctx.error("train.zero_stage", "the ZeRO ranks are Ray actors: it needs ray.mode: ray")
+        if r.run.arm == "stock":
+            raise ctx.error("train.zero_stage", "the stock arm trains with transformers' own trainer; leave it null")
+        if r.ray.weight_sync == "collective":
+            raise ctx.error("ray.weight_sync", "collective is not available with train.zero_stage yet (the ranks' "
+                                               "own process group holds the default one); auto, host or ipc")
     if r.rollout.release_memory and r.ray.mode == "ray" and r.ray.placement != "colocated":
         raise ctx.error("rollout.release_memory", "frees the engines' memory for a trainer on the same device; "
                                                   "with ray.placement: disaggregated they share none")

@@ -75,24 +75,30 @@ def _check_ray_resources(recipe: Recipe, need: dict, have: dict) -> None:
     for kind, n in need.items():
         if n > have.get(kind, 0) + 1e-9:
             hint = " (raise ray.num_cpus)" if kind == "CPU" and not recipe.ray.address else ""
+            ranks = f" ({recipe.train.num_gpus} ranks)" if recipe.train.num_gpus > 1 else ""
             raise RecipeError(f"{recipe.source}: rollout.num_engines: {recipe.rollout.num_engines} engine(s) and the "
-                              f"trainer need {n:g} {kind}(s) of Ray; the cluster has {have.get(kind, 0):g}{hint}")
+                              f"trainer{ranks} need {n:g} {kind}(s) of Ray; the cluster has {have.get(kind, 0):g}{hint}")
 
 
 PLACEMENT_TIMEOUT = 120.0  # s to wait for the placement group's bundles before giving up with the cluster's resources
 
 
-def placement_bundles(recipe: Recipe, device: str) -> tuple[list[dict], tuple[int, ...], int, float, float]:
-    """(bundles, each engine's bundle, the trainer's bundle, GPUs an engine takes, GPUs the trainer takes)
-    of `ray.placement`: colocated, one bundle holds the engines and the trainer (on a GPU the trainer
-    takes half, the engines share the other half); disaggregated, a bundle (a whole GPU) each."""
-    engines = recipe.rollout.num_engines
+def placement_bundles(recipe: Recipe, device: str) -> tuple[list[dict], tuple[int, ...], tuple[int, ...], float,
+                                                               float]:
+    """(bundles, each engine's bundle, each trainer rank's bundle, GPUs an engine takes, GPUs a trainer rank
+    takes) of `ray.placement`: colocated, one bundle holds the engines and the trainer (on a GPU the
+    trainer takes half, the engines share the other half); disaggregated, a bundle (a whole GPU) each."""
+    engines, ranks = recipe.rollout.num_engines, recipe.train.num_gpus
     gpu = device == "cuda"
     if recipe.ray.placement == "colocated":
-        bundle = {"CPU": engines + 1.0, **({"GPU": 1.0} if gpu else {})}
-        return [bundle], (0,) * engines, 0, (0.5 / engines if gpu else 0.0), (0.5 if gpu else 0.0)
+        if gpu and ranks > 1:
+            raise RecipeError(f"{recipe.source}: train.num_gpus: {ranks} trainer ranks are a GPU each; "
+                              f"ray.placement: colocated puts the engines and the trainer on one (use disaggregated)")
+        bundle = {"CPU": float(engines + ranks), **({"GPU": 1.0} if gpu else {})}
+        return [bundle], (0,) * engines, (0,) * ranks, (0.5 / engines if gpu else 0.0), (0.5 if gpu else 0.0)
     bundle = {"CPU": 1.0, **({"GPU": 1.0} if gpu else {})}
-    return [dict(bundle) for _ in range(engines + 1)], tuple(range(engines)), engines, float(gpu), float(gpu)
+    return ([dict(bundle) for _ in range(engines + ranks)], tuple(range(engines)),
+            tuple(range(engines, engines + ranks)), float(gpu), float(gpu))
 
 
 def _placement_group(recipe: Recipe, bundles: list[dict]) -> Any:
@@ -118,7 +124,7 @@ def start_workers(recipe: Recipe, setup: RunSetup) -> tuple[WorkerGroup[RolloutW
     if recipe.ray.mode == "ray":
         import ray
         address = recipe.ray.address or os.environ.get("RAY_ADDRESS")
-        bundles, engine_bundles, trainer_bundle, engine_gpus, trainer_gpus = placement_bundles(recipe, setup.device)
+        bundles, engine_bundles, trainer_bundles, engine_gpus, trainer_gpus = placement_bundles(recipe, setup.device)
         need = {kind: sum(b.get(kind, 0.0) for b in bundles) for kind in ("CPU", "GPU")}
         local = not address and not ray.is_initialized()
         if local:  # the Ray this process is about to start: checked before it starts
@@ -137,8 +143,8 @@ def start_workers(recipe: Recipe, setup: RunSetup) -> tuple[WorkerGroup[RolloutW
         return (WorkerGroup(RolloutWorker, setup.spec, recipe.rollout, size=len(engine_bundles),
                             ray=RayPlacement(num_cpus=1, num_gpus=engine_gpus, placement_group=pg,
                                              bundles=engine_bundles)),
-                WorkerGroup(TrainerWorker, setup.spec, recipe.train,
+                WorkerGroup(TrainerWorker, setup.spec, recipe.train, size=len(trainer_bundles),
                             ray=RayPlacement(num_cpus=1, num_gpus=trainer_gpus, placement_group=pg,
-                                             bundles=(trainer_bundle,))))
+                                             bundles=trainer_bundles)))
     return (WorkerGroup(RolloutWorker, setup.spec, recipe.rollout, size=recipe.rollout.num_engines),
             WorkerGroup(TrainerWorker, setup.spec, recipe.train))

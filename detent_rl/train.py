@@ -76,12 +76,13 @@ def run(recipe: Recipe, resume: Optional[str] = None) -> int:
     save_resolved(recipe, run_dir)
     rollout, trainer = start_workers(recipe, setup)
     try:
+        start_trainer_ranks(recipe, trainer)
         record_workers(run_dir, rollout, trainer)
         sampler = PromptSampler(setup.train_tasks, recipe.rollout.prompts_per_step, recipe.run.seed)
         step = 0
         if start is not None:
             step = checkpoint.step_of(start)
-            trainer.call_one("load_state", start / checkpoint.TRAINER_PART)
+            lead(trainer, "load_state", start / checkpoint.TRAINER_PART)
             sampler.load_state_dict(checkpoint.load_part(start, checkpoint.DRIVER_PART)["sampler"])
         transport = sync_transport(recipe, rollout, trainer)  # the workers' placement: fixed for the run
         sync_weights(rollout, trainer, transport)  # both sides start from the same bits
@@ -112,6 +113,20 @@ def run(recipe: Recipe, resume: Optional[str] = None) -> int:
     return 0
 
 
+def lead(trainer: WorkerGroup, method: str, *args):
+    """`method` on every trainer rank (a ZeRO group's ranks each do their part, collectives included);
+    rank 0's result, which every rank's equals."""
+    return trainer.call(method, *args)[0]
+
+
+def start_trainer_ranks(recipe: Recipe, trainer: WorkerGroup) -> None:
+    """With `train.zero_stage`: the ranks' torch.distributed group at rank 0's address, then DeepSpeed."""
+    if recipe.train.zero_stage is None:
+        return
+    address = trainer.call("sync_address")[0]
+    trainer.get(trainer.async_each("start_zero", [(address, r, len(trainer)) for r in range(len(trainer))]))
+
+
 def sync_transport(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup) -> str:
     """How the weights travel (`ray.weight_sync`; auto: the fastest the placement allows): in one process
     the engine takes the trainer's device tensors ("device"); Ray actors on one GPU (the same device
@@ -120,7 +135,7 @@ def sync_transport(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup) -
     A collective's group is formed here, once for the run."""
     if recipe.ray.mode == "inline":
         return "device"
-    (mine,) = trainer.call("device_uuid")
+    mine = trainer.call("device_uuid")[0]
     theirs = rollout.call("device_uuid")
     shared = mine is not None and all(u == mine for u in theirs)
     # a broadcast group: every rank on its own GPU (NCCL), or all on the CPU (gloo)
@@ -154,7 +169,8 @@ def sync_weights(rollout: WorkerGroup, trainer: WorkerGroup, transport: str) -> 
         _, digests = gather((trainer, sending), (rollout, received))  # a dead engine reported at once
         (digest,) = set(digests)
         return digest
-    (digest,) = set(rollout.call("update_weights", *trainer.async_call("weights", transport)))
+    weights = trainer.async_each("weights", [(transport,)] + [None] * (len(trainer) - 1))  # rank 0's
+    (digest,) = set(rollout.call("update_weights", *weights))
     return digest
 
 
@@ -186,13 +202,13 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
     rollout_old = recipe.train.updates_per_batch > 1 and recipe.train.old_logprobs == "rollout"
     t_train, t_rescore = time.perf_counter(), 0.0
     if free:  # the update's own forward is the trainer's side; a mismatch stops before the weights leave it
-        stats, old = trainer.call_one("train_checked", samples)
+        stats, old = lead(trainer, "train_checked", samples)
         source = "update"
     elif rollout_old:  # no rescore: the first minibatch's update forward is checked (its samples only)
-        stats, old = trainer.call_one("train_rollout_old", samples)
+        stats, old = lead(trainer, "train_rollout_old", samples)
         source = "first minibatch's update"
     else:
-        old = trainer.call_one("rescore", samples)
+        old = lead(trainer, "rescore", samples)
         t_rescore = time.perf_counter() - t_train
         source = "rescore"
     checked = len(old)
@@ -200,7 +216,7 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
     log.bitcheck(check)
     enforce(check, recipe.run.on_mismatch)
     if not free and not rollout_old:
-        stats = trainer.call_one("train", samples, old)
+        stats = lead(trainer, "train", samples, old)
     t_train = time.perf_counter() - t_train - t_rescore
     # pi_trainer / pi_rollout per token: exactly 1 when the bits match (what TIS would correct)
     behaviour = torch.exp(torch.cat(old) - torch.cat(rollout_lp[:checked]))
@@ -265,7 +281,7 @@ def record_commitment(run_dir: Path, rollout: WorkerGroup, trainer: WorkerGroup)
 def save_checkpoint(run_dir: Path, step: int, trainer: WorkerGroup, sampler: PromptSampler, keep: int) -> None:
     """The trainer writes its own part (streamed from its tensors), the driver its sampler; then publish."""
     staged = checkpoint.stage(run_dir, step)
-    trainer.call_one("save_state", staged / checkpoint.TRAINER_PART)
+    lead(trainer, "save_state", staged / checkpoint.TRAINER_PART)
     checkpoint.save_part(staged, checkpoint.DRIVER_PART, {"sampler": sampler.state_dict()})
     checkpoint.publish(run_dir, step, staged, keep=keep)
 

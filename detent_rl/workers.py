@@ -237,8 +237,25 @@ class TrainerWorker:
                                                  spec.max_num_tokens)
             return
         self.model = spec.load()
-        ref = spec.load() if train.loss.kl_coef else None  # frozen reference: the starting weights
-        self.trainer = Trainer(self.model, train, ref)
+        self.ref = spec.load() if train.loss.kl_coef else None  # frozen reference: the starting weights
+        self.train_section = train
+        if train.zero_stage is None:
+            self.trainer = Trainer(self.model, train, self.ref)
+        # else `start_zero` builds the ZeRO trainer once every rank knows the group's address
+
+    def start_zero(self, address: str, rank: int, world: int) -> None:
+        """Rank `rank` of the trainer's ZeRO group (`train.zero_stage`): the torch.distributed group at
+        `address` (rank 0's), then DeepSpeed over this rank's model (`trainer.zero.ZeroTrainer`)."""
+        import deepspeed
+        from detent_rl.trainer.zero import ZeroTrainer
+        device = next(self.model.parameters()).device
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
+                          MASTER_ADDR=address.rsplit(":", 1)[0], MASTER_PORT=address.rsplit(":", 1)[1])
+        if device.type == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", verbose=False,
+                                   init_method=f"tcp://{address}", rank=rank, world_size=world)
+        self.trainer = ZeroTrainer(self.model, self.train_section, self.ref, stage=self.train_section.zero_stage)
 
     def rescore(self, samples: list[Sample]) -> list[torch.Tensor]:
         return self.trainer.rescore(samples)
@@ -269,7 +286,7 @@ class TrainerWorker:
         return sync_address()
 
     def join_sync_group(self, address: str, rank: int, world: int) -> None:
-        join_sync_group(address, rank, world, self.trainer.master[0].device)
+        join_sync_group(address, rank, world, self.trainer.weights_device)
 
     def weights_manifest(self) -> WeightManifest:
         """The collective sync's first half: the compute weights' names, shapes, dtypes and digest (taken
@@ -292,7 +309,7 @@ class TrainerWorker:
     def device_uuid(self) -> str | None:
         """The UUID of the GPU holding the weights (None on the CPU): the driver syncs by IPC when the
         engine's is the same."""
-        device = self.trainer.master[0].device
+        device = self.trainer.weights_device
         return device_uuid(device.index) if device.type == "cuda" else None
 
     def commitment(self) -> CommitmentTuple:

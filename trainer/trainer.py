@@ -157,6 +157,11 @@ class Trainer:
                                      weight_decay=cfg.weight_decay, fused=True if self.master[0].is_cuda else None)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_factor(cfg))
 
+    @property
+    def weights_device(self) -> torch.device:
+        """Where the optimizer's weights (and the update) are."""
+        return self.opt.param_groups[0]["params"][0].device
+
     def _micro(self, samples: list[Sample]) -> list[list[Sample]]:
         """Consecutive runs of `samples`, each at most `micro_batch_size` sequences and at most the
         token budget (`max_tokens_per_micro_batch`, capped by the deployment's step), in order: the
@@ -202,7 +207,7 @@ class Trainer:
                seen: Optional[list[torch.Tensor]] = None, first_only: bool = False) -> TrainStats:
         k = self.cfg.updates_per_batch
         size = -(-len(samples) // k)
-        device = self.opt.param_groups[0]["params"][0].device
+        device = self.weights_device
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         stats = _no_stats()

@@ -14,7 +14,8 @@ loss is normalised by the whole batch's `normalizer` and scaled by the world siz
 the ranks' gradients), so the gradient is the one-rank trainer's sum. Each rank returns the same
 statistics and the whole batch's logprobs, gathered in sample order.
 
-Not yet wired into the run loop (`train.num_gpus`): tests/test_zero.py runs it on two CPU ranks.
+The run loop builds it on every rank of the trainer group with `train.zero_stage: 2`
+(`TrainerWorker.start_zero`); tests/test_zero.py runs it on two CPU ranks, alone and in the loop.
 Stage 3 is refused: it gathers each layer's weights in module hooks around calls that the pinned
 forward's functions do not make.
 """
