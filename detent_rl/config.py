@@ -371,9 +371,6 @@ def _validate(r: Recipe, ctx: Context) -> Recipe:
             raise ctx.error("train.zero_stage", "the ZeRO ranks are Ray actors: it needs ray.mode: ray")
         if r.run.arm == "stock":
             raise ctx.error("train.zero_stage", "the stock arm trains with transformers' own trainer; leave it null")
-        if r.ray.weight_sync == "collective":
-            raise ctx.error("ray.weight_sync", "collective is not available with train.zero_stage yet (the ranks' "
-                                               "own process group holds the default one); auto, host or ipc")
     if r.rollout.release_memory and r.ray.mode == "ray" and r.ray.placement != "colocated":
         raise ctx.error("rollout.release_memory", "frees the engines' memory for a trainer on the same device; "
                                                   "with ray.placement: disaggregated they share none")

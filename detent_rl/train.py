@@ -119,6 +119,11 @@ def lead(trainer: WorkerGroup, method: str, *args):
     return trainer.call(method, *args)[0]
 
 
+def rank0(trainer: WorkerGroup, method: str, *args) -> list:
+    """`method` started on the trainer's rank 0 alone (what holds the weights the engines take); its handle."""
+    return trainer.async_each(method, [args] + [None] * (len(trainer) - 1))
+
+
 def start_trainer_ranks(recipe: Recipe, trainer: WorkerGroup) -> None:
     """With `train.zero_stage`: the ranks' torch.distributed group at rank 0's address, then DeepSpeed."""
     if recipe.train.zero_stage is None:
@@ -149,10 +154,10 @@ def sync_transport(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup) -
     if transport == "collective" and not (distinct or on_cpu):
         raise RecipeError(f"{recipe.source}: ray.weight_sync: collective needs every engine and the trainer on a "
                           f"GPU of its own, or all on the CPU")
-    if transport == "collective":
-        address = trainer.call_one("sync_address")
+    if transport == "collective":  # the trainer's rank 0 and every engine
+        address = trainer.call("sync_address")[0]
         world = len(rollout) + 1
-        handles = trainer.async_call("join_sync_group", address, 0, world)
+        handles = rank0(trainer, "join_sync_group", address, 0, world)
         joined = rollout.async_each("join_sync_group", [(address, i + 1, world) for i in range(len(rollout))])
         gather((trainer, handles), (rollout, joined))
     return transport
@@ -163,14 +168,13 @@ def sync_weights(rollout: WorkerGroup, trainer: WorkerGroup, transport: str) -> 
     update_weights`); the digest's hex. `transport`: `sync_transport`'s choice. A collective sync sends
     the manifest (names, shapes, digest) first, then the broadcast, which both sides enter at once."""
     if transport == "collective":
-        manifest = trainer.call_one("weights_manifest")
-        sending = trainer.async_call("broadcast_weights")
+        (manifest,) = trainer.get(rank0(trainer, "weights_manifest"))
+        sending = rank0(trainer, "broadcast_weights")
         received = rollout.async_call("receive_weights", manifest)
         _, digests = gather((trainer, sending), (rollout, received))  # a dead engine reported at once
         (digest,) = set(digests)
         return digest
-    weights = trainer.async_each("weights", [(transport,)] + [None] * (len(trainer) - 1))  # rank 0's
-    (digest,) = set(rollout.call("update_weights", *weights))
+    (digest,) = set(rollout.call("update_weights", *rank0(trainer, "weights", transport)))
     return digest
 
 

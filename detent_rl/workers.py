@@ -104,17 +104,27 @@ class WeightManifest:
 SYNC_TIMEOUT = datetime.timedelta(minutes=10)
 
 
-def join_sync_group(address: str, rank: int, world: int, device: torch.device) -> None:
-    """This worker's place in the weight-sync group (torch.distributed's default group: the trainer is
-    rank 0, engine i rank i + 1): NCCL for CUDA weights, gloo on the CPU. Blocks until all have joined."""
-    import torch.distributed as dist
-    if dist.is_initialized():
-        raise RuntimeError("this worker already belongs to a torch.distributed group")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    # a peer that died mid-broadcast ends the wait after SYNC_TIMEOUT instead of never
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://{address}", rank=rank,
-                            world_size=world, timeout=SYNC_TIMEOUT)
+class SyncGroup:
+    """The weight-sync group (the trainer's rank 0 is rank 0, engine i rank i + 1): a process group of its
+    own over a TCP store at `address` (rank 0 hosts it), beside torch.distributed's default group, which
+    a ZeRO trainer's ranks hold; NCCL for CUDA weights, gloo on the CPU. Built by every member at once:
+    it blocks until all have joined."""
+
+    def __init__(self, address: str, rank: int, world: int, device: torch.device) -> None:
+        import torch.distributed as dist
+        host, port = address.rsplit(":", 1)
+        store = dist.PrefixStore("detent_rl.weight_sync",
+                                 dist.TCPStore(host, int(port), world, rank == 0, timeout=SYNC_TIMEOUT))
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            self.group = dist.ProcessGroupNCCL(store, rank, world)  # NCCL's own timeout: 10 minutes
+        else:
+            self.group = dist.ProcessGroupGloo(store, rank, world, SYNC_TIMEOUT)
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """`tensor` from rank 0 into every member's `tensor`; waits until it has arrived (a peer that died
+        mid-broadcast ends the wait after SYNC_TIMEOUT instead of never)."""
+        self.group.broadcast(tensor, 0).wait()
 
 
 def sync_address() -> str:
@@ -200,17 +210,16 @@ class RolloutWorker:
         return got.hex
 
     def join_sync_group(self, address: str, rank: int, world: int) -> None:
-        join_sync_group(address, rank, world, next(self.model.parameters()).device)
+        self.sync_group = SyncGroup(address, rank, world, next(self.model.parameters()).device)
 
     def receive_weights(self, manifest: WeightManifest) -> str:
         """The trainer's broadcast (`TrainerWorker.broadcast_weights`, in manifest order) into fresh
         buffers on the engine's device, then copied in and checked like `update_weights`."""
-        import torch.distributed as dist
         device = next(self.model.parameters()).device
         buffers = {}
         for name, shape, dtype in zip(manifest.names, manifest.shapes, manifest.dtypes):
             buffers[name] = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
-            dist.broadcast(buffers[name], src=0)
+            self.sync_group.broadcast(buffers[name])
         return self.update_weights(WeightUpdate(buffers, manifest.digest))
 
     def device_uuid(self) -> str | None:
@@ -286,7 +295,7 @@ class TrainerWorker:
         return sync_address()
 
     def join_sync_group(self, address: str, rank: int, world: int) -> None:
-        join_sync_group(address, rank, world, self.trainer.weights_device)
+        self.sync_group = SyncGroup(address, rank, world, self.trainer.weights_device)
 
     def weights_manifest(self) -> WeightManifest:
         """The collective sync's first half: the compute weights' names, shapes, dtypes and digest (taken
@@ -300,10 +309,9 @@ class TrainerWorker:
     def broadcast_weights(self) -> int:
         """The collective sync's second half: every tensor of the last manifest from rank 0, in its order;
         the number sent."""
-        import torch.distributed as dist
         sent, self._broadcast = self._broadcast, []
         for t in sent:
-            dist.broadcast(t.contiguous(), src=0)
+            self.sync_group.broadcast(t.contiguous())
         return len(sent)
 
     def device_uuid(self) -> str | None:

@@ -358,7 +358,6 @@ def test_release_memory_needs_a_shared_device(tmp_path):
     (("train.zero_stage=3",), "train.zero_stage", "2 (DeepSpeed ZeRO-2) or null, got 3"),
     (("train.num_gpus=2",), "train.num_gpus", "2 trainer ranks need train.zero_stage: 2"),
     (("train.zero_stage=2", "ray.mode=inline"), "train.zero_stage", "needs ray.mode: ray"),
-    (("train.zero_stage=2", "ray.weight_sync=collective"), "ray.weight_sync", "not available with train.zero_stage"),
     (("train.num_gpus=0",), "train.num_gpus", "must be >= 1"),
 ])
 def test_zero_settings_are_checked(tmp_path, overrides, path, shown):

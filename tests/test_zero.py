@@ -112,15 +112,19 @@ def test_zero2_on_two_ranks_keeps_the_rollouts_bits_and_restores_exactly(tmp_pat
 def test_a_zero2_run_of_two_trainer_ranks_is_bit_equal_and_resumes_to_the_same_bits(tmp_path):
     """The run loop with `train.zero_stage: 2` over two trainer ranks (Ray actors in the run's placement
     group, beside one engine): every step bit-equal with KL 0 (the bit-check and GRPO's rescore taken
-    on the ranks), and a run resumed from its step-3 DeepSpeed checkpoint repeats steps 4-6 exactly."""
+    on the ranks), the weights broadcast from rank 0 to the engine by the collective sync (its own
+    process group beside the ranks' default one), and a run resumed from its step-3 DeepSpeed
+    checkpoint repeats steps 4-6 exactly."""
     from test_train import _driver, _lines, _recipe
-    zero = ("train.zero_stage=2", "train.num_gpus=2", "ray.num_cpus=3")
+    zero = ("train.zero_stage=2", "train.num_gpus=2", "ray.num_cpus=3", "ray.weight_sync=collective")
     whole = tmp_path / "whole"
     _driver(_recipe(tmp_path, whole), *zero)
     rows = _lines(whole, "metrics.jsonl")
     assert sorted(rows) == [1, 2, 3, 4, 5, 6]
     assert all(r["bit_match"] == 1.0 and r["kl_k1"] == 0.0 for r in rows.values()), rows
     assert len({r["weights_digest"] for r in rows.values()}) == 6  # the weights move every step
+    transport = {json.loads(x)["weight_sync"] for x in (whole / "metrics.jsonl").read_text().splitlines()}
+    assert transport == {"collective"}
     placed = json.loads((whole / "workers.json").read_text())["placement"]
     assert len(placed["trainer"]) == 2 and [b["CPU"] for b in placed["bundles"]] == [3.0]
     resumed = tmp_path / "resumed"
