@@ -212,7 +212,7 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
         stats, old = lead(trainer, "train_rollout_old", samples)
         source = "first minibatch's update"
     else:
-        old = lead(trainer, "rescore", samples)
+        (old,) = trainer.get(rank0(trainer, "rescore", samples))  # no grad, no collective: one rank is enough
         t_rescore = time.perf_counter() - t_train
         source = "rescore"
     checked = len(old)

@@ -258,8 +258,8 @@ class TrainerWorker:
         import deepspeed
         from detent_rl.trainer.zero import ZeroTrainer
         device = next(self.model.parameters()).device
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
-                          MASTER_ADDR=address.rsplit(":", 1)[0], MASTER_PORT=address.rsplit(":", 1)[1])
+        host, port = address.rsplit(":", 1)  # DeepSpeed also reads the group from the environment
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR=host, MASTER_PORT=port)
         if device.type == "cpu":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
         deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", verbose=False,

@@ -257,6 +257,15 @@ class Trainer:
             device_tensor(lengths, torch.int64, device), output_size=sum(lengths))
         return tokens_loss(new, logp_old, roll, adv, self.cfg.loss, ref)
 
+    def _normalizer(self, samples: list[Sample]) -> int:
+        """GRPO's loss normaliser over the whole batch (`grpo.normalizer`), once every sample is checked to
+        carry one rollout logprob per completion token."""
+        for i, s in enumerate(samples):
+            if len(s.rollout_logprobs) != len(s.tokens) - s.num_prompt:
+                raise ValueError(f"sample {i} ({s.request_id}): {len(s.rollout_logprobs)} rollout logprobs for "
+                                 f"{len(s.tokens) - s.num_prompt} completion tokens")
+        return normalizer([len(s.tokens) - s.num_prompt for s in samples], self.cfg.loss)
+
     def _update(self, samples: list[Sample], old: Optional[list[torch.Tensor]],
                 seen: Optional[list[torch.Tensor]] = None) -> tuple[float, float, dict]:
         """One optimizer step over `samples`. `old` None: each forward's own logprobs are logp_old.
@@ -267,13 +276,8 @@ class Trainer:
         its tokens, its statistics stay on the device until the step's end, and the gradients land in
         flat buffers — the compute weights' `.grad` are views of one buffer per dtype (autograd adds
         into them in place), added into the fp32 masters' flat gradient with one kernel per micro-batch."""
-        cfg = self.cfg.loss
-        norm = normalizer([len(s.tokens) - s.num_prompt for s in samples], cfg)
+        norm = self._normalizer(samples)
         device = self.master[0].device
-        for i, s in enumerate(samples):
-            if len(s.rollout_logprobs) != len(s.tokens) - s.num_prompt:
-                raise ValueError(f"sample {i} ({s.request_id}): {len(s.rollout_logprobs)} rollout logprobs for "
-                                 f"{len(s.tokens) - s.num_prompt} completion tokens")
         grads = _FlatGrads(self.params, self.master)
         losses, stats, kept = [], [], []
         for p in self.params:

@@ -21,6 +21,7 @@ forward's functions do not make.
 """
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Optional
 
@@ -29,7 +30,7 @@ import torch.distributed as dist
 
 from detent_rl.config import TrainSection
 from detent_rl.models.model import CausalLM
-from detent_rl.trainer.grpo import normalizer, stats_dict
+from detent_rl.trainer.grpo import stats_dict
 from detent_rl.trainer.trainer import Sample, Trainer, _lr_factor, _merge, _no_stats
 
 CHECKPOINT_TAG = "zero"
@@ -74,20 +75,13 @@ class ZeroTrainer(Trainer):
     def _update(self, samples: list[Sample], old: Optional[list[torch.Tensor]],
                 seen: Optional[list[torch.Tensor]] = None) -> tuple[float, float, dict]:
         """One optimizer step over `samples`, this rank's micro-batches (see the module docstring)."""
-        cfg = self.cfg.loss
-        norm = normalizer([len(s.tokens) - s.num_prompt for s in samples], cfg)
+        norm = self._normalizer(samples)
         device = self.params[0].device
-        for i, s in enumerate(samples):
-            if len(s.rollout_logprobs) != len(s.tokens) - s.num_prompt:
-                raise ValueError(f"sample {i} ({s.request_id}): {len(s.rollout_logprobs)} rollout logprobs for "
-                                 f"{len(s.tokens) - s.num_prompt} completion tokens")
         micros = self._micro(samples)
-        starts = [0]
-        for m in micros:
-            starts.append(starts[-1] + len(m))
+        starts = [0, *itertools.accumulate(len(m) for m in micros)]
         rounds = -(-len(micros) // self.world)
         total = torch.zeros((), dtype=torch.float32, device=device)
-        agg, kept = _no_stats(), {}
+        stats, kept = [], {}
         for r in range(rounds):
             j = r * self.world + self.rank
             pad = j >= len(micros)
@@ -103,10 +97,13 @@ class ZeroTrainer(Trainer):
             self.engine.backward(loss * (0.0 if pad else float(self.world)))
             if not pad:
                 total += loss.detach()
-                _merge(agg, stats_dict(st.cpu()))
+                stats.append(st)  # on the device until the step's end, as the one-rank trainer keeps them
                 if seen is not None:
                     kept[j] = new.detach().cpu()
         self.engine.step()
+        agg = _no_stats()
+        for st in (torch.stack(stats).cpu() if stats else ()):
+            _merge(agg, stats_dict(st))
         grad_norm = float(self.engine.get_global_grad_norm() or 0.0)
         parts: list = [None] * self.world
         dist.all_gather_object(parts, (total.item(), agg, kept))
