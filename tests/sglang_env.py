@@ -29,3 +29,38 @@ def import_sglang():
         sys.path.append(STUBS)
     return pytest.importorskip("sglang", reason="SGLang's CPU tests need `pip install -e '.[sglang-test]'` and "
                                                  f"`pip install --no-deps {' '.join(SGLANG_NO_DEPS)}`")
+
+
+_PRISTINE: list = []
+
+
+def plugin_reset():
+    """A function that puts back every class attribute the plugin hooks (as this process first saw it, so a
+    test that applied the hooks cannot leak them into the next), empties SGLang's hook registry and the
+    plugin's state. The first call must come before any hook is applied (test modules call it at import)."""
+    import sglang.srt.plugins as sgl_plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from detent_rl.rollout import sglang_plugin as P
+    if not _PRISTINE:
+        targets = [P.TRITON_BACKEND + ".__init__", P.TRITON_BACKEND + ".get_num_kv_splits",
+                   P.SAMPLING_PARAMS + ".verify", P.SAMPLING_BATCH + ".from_schedule_batch",
+                   P.ALLREDUCE + ".__init__", P.ALLREDUCE + "._pick_config", P.ALLREDUCE + ".should_custom_ar",
+                   P.GROUP + ".all_reduce"]
+        for target in targets:
+            path, cls_name, attr = target.rsplit(".", 2)
+            cls = getattr(importlib.import_module(path), cls_name)
+            _PRISTINE.append((cls, attr, cls.__dict__[attr]))
+        path, name = P.MOE_CONFIG.rsplit(".", 1)
+        moe = getattr(importlib.import_module(path), name)  # the registry also rebinds modules that import it
+        _PRISTINE.extend((m, k, moe) for m in list(sys.modules.values())
+                         if getattr(m, "__name__", "").startswith("sglang") for k, v in list(vars(m).items())
+                         if v is moe)
+
+    def reset():
+        for owner, attr, value in _PRISTINE:
+            setattr(owner, attr, value)
+        HookRegistry.reset()
+        sgl_plugins._plugins_loaded = False
+        P._STATE.update(registered=False, tile=None, moe_pins=None, moe_path=None, ar_pins=None)
+    return reset

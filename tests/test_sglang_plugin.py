@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import random
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,13 +13,12 @@ import torch
 
 from interpreted import run_interpreted
 from sglang_decode_cases import backend_fields
-from sglang_env import PRELUDE, import_sglang
+from sglang_env import PRELUDE, import_sglang, plugin_reset
 
 sglang = import_sglang()
 
 import sglang.srt.plugins as sgl_plugins  # noqa: E402
 import triton  # noqa: E402
-from sglang.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
 from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe_triton_config as F  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo  # noqa: E402
@@ -31,29 +29,15 @@ from detent_rl.kernels.programs.sglang import moe_config as MOE  # noqa: E402
 from detent_rl.rollout import sglang_plugin as P  # noqa: E402
 
 ENTRY = "detent_rl.rollout.sglang_plugin:register"
-PATCHED = [(TritonAttnBackend, "__init__"), (TritonAttnBackend, "get_num_kv_splits"), (SamplingParams, "verify"),
-           (SamplingBatchInfo, "from_schedule_batch")]
+RESET = plugin_reset()
 
 
 @pytest.fixture
 def fresh_sglang():
     """SGLang with no hook applied, before and after (the test loads plugins through SGLang itself)."""
-    originals = [(cls, name, cls.__dict__[name]) for cls, name in PATCHED]
-    moe = F.try_get_optimal_moe_config  # the registry also rebinds modules that imported it by name
-    moe_refs = [(m, k) for m in list(sys.modules.values()) if getattr(m, "__name__", "").startswith("sglang")
-                for k, v in list(vars(m).items()) if v is moe]
-
-    def reset():
-        for cls, name, fn in originals:
-            setattr(cls, name, fn)
-        for m, k in moe_refs:
-            setattr(m, k, moe)
-        HookRegistry.reset()
-        sgl_plugins._plugins_loaded = False
-        P._STATE.update(registered=False, tile=None, moe_pins=None, moe_path=None)
-    reset()
+    RESET()
     yield
-    reset()
+    RESET()
 
 
 def test_sglang_loads_the_plugin_from_its_entry_point(fresh_sglang, monkeypatch):

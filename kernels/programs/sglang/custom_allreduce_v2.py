@@ -158,9 +158,12 @@ def pick_config(nbytes: Unpinnable[int], can_use_graph: Runtime[bool], graph: Fa
 def custom_allreduce_v2(nbytes: Unpinnable[int], can_use_graph: Runtime[bool], world_size: Fact[int],
                         cc_major: Fact[int], cc_minor: Fact[int], has_multicast: Fact[bool], max_size: Fact[int],
                         force_pull_size_kb: Fact[int], force_push_size_kb: Fact[int], graph_mode_supported: Fact[bool],
-                        override_algo: Fact[str], max_nbytes: Fact[int]):
-    """`nbytes` = numel * element_size of the all-reduce input; force sizes are -1 when unset."""
+                        override_algo: Fact[str], max_nbytes: Fact[int], granule: Fact[int]):
+    """`nbytes` = numel * element_size of the all-reduce input; force sizes are -1 when unset; every
+    message is a whole number of `granule` bytes (1: any size; a deployment whose rows are whole
+    16-byte granules, hidden * dtype bytes = 0 mod 16, says 16, as the plugin does)."""
     assume(1 <= nbytes <= max_nbytes)
+    assume(nbytes % granule == 0)
     table = SM90 if cc_major == 9 else (SM107 if cc_minor >= 7 else SM100) if cc_major == 10 else DEFAULT
     require(world_size in table, "world size not supported by custom all-reduce v2")
     require(override_algo in OVERRIDES)
@@ -208,7 +211,7 @@ def custom_allreduce_v2(nbytes: Unpinnable[int], can_use_graph: Runtime[bool], w
 REFERENCE_FACTS = {
     "world_size": 8, "cc_major": 9, "cc_minor": 0, "has_multicast": True, "max_size": 16 * MB,
     "force_pull_size_kb": -1, "force_push_size_kb": -1, "graph_mode_supported": True, "override_algo": "",
-    "max_nbytes": 8192 * 8192 * 2,
+    "max_nbytes": 8192 * 8192 * 2, "granule": 1,
 }
 
 PROGRAM = custom_allreduce_v2  # the module's main program (for the registry and reports)
