@@ -144,18 +144,20 @@ class CommitmentTuple:
         return write_text(path, json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n")
 
     # ---- checks -------------------------------------------------------------------------------
-    def check_deployment(self, deployment: Mapping[str, Any]) -> None:
+    def check_deployment(self, deployment: Mapping[str, Any], later: Optional[Mapping[str, Any]] = None) -> None:
         """Refuse (CommitmentError, one line) unless the recorded deployment equals `deployment`
-        (a model's `dataclasses.asdict(Deployment)`); each differing fact is named."""
+        (a model's `dataclasses.asdict(Deployment)`); each differing fact is named. `later`: facts added
+        after some tuples were recorded, with the value a tuple that lacks one was made for."""
         if dataclasses.is_dataclass(deployment):
             deployment = dataclasses.asdict(deployment)
         if self.deployment is None:
             raise CommitmentError(f"{self.label()} records no deployment, so nothing shows its pins were chosen "
                                   f"for this model; make one with `{MAKE_ONE}`")
         absent = "(absent)"
-        names = [*deployment, *(k for k in self.deployment if k not in deployment)]
-        wrong = [f"{k}: tuple {self.deployment.get(k, absent)}, model {deployment.get(k, absent)}"
-                 for k in names if self.deployment.get(k, absent) != deployment.get(k, absent)]
+        recorded = {**(later or {}), **self.deployment}
+        names = [*deployment, *(k for k in recorded if k not in deployment)]
+        wrong = [f"{k}: tuple {recorded.get(k, absent)}, model {deployment.get(k, absent)}"
+                 for k in names if recorded.get(k, absent) != deployment.get(k, absent)]
         if wrong:
             raise CommitmentError(f"{self.label()} was made for another deployment: {'; '.join(wrong)} "
                                   f"(make one for this deployment with `{MAKE_ONE}`)")

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Optional
 
 from detent_rl.kernels.commitment import CommitmentError, CommitmentTuple, SiteCommitment, listed
-from detent_rl.kernels.programs import attention, matmul, rows
+from detent_rl.kernels.programs import allreduce, attention, matmul, rows
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.errors import SelectionError, SelIRError
 from detent_rl.selir.selector import Selector
@@ -40,7 +40,7 @@ from detent_rl.selir.solver import solve
 ARMS = ("stock", "det", "detent", "corun")
 FAMILIES = {"matmul": matmul.matmul_program, "attention": attention.attention_program,
             "rmsnorm": rows.rmsnorm_program, "log_softmax": rows.log_softmax_program,
-            "elementwise": rows.elementwise_program}
+            "elementwise": rows.elementwise_program, "allreduce": allreduce.allreduce_program}
 # Selection facts of an H200 (132 SMs, 227 KiB shared memory per block); also what the CPU path
 # assumes, so that CPU runs select the way a GPU deployment of the same model would.
 H200 = {"num_sms": 132, "smem_bytes": 227 * 1024}
@@ -61,13 +61,26 @@ class Deployment:
     max_num_tokens: int = 8192
     num_sms: int = H200["num_sms"]
     smem_bytes: int = H200["smem_bytes"]
+    # Tensor parallelism: the ranks the model is sharded over (heads, the MLP's width and the vocabulary
+    # are cut into tp_size parts; each rank's attention selection sees its own heads), and the
+    # all-reduce's workspaces (the largest message each custom algorithm stages).
+    tp_size: int = 1
+    allreduce_push_bytes: int = 16 * 1024 * 1024
+    allreduce_pull_bytes: int = 128 * 1024 * 1024
+
+    @staticmethod
+    def later_defaults() -> dict:
+        """Facts added after tuples were first recorded, with their defaults: what a tuple that lacks one
+        was made for (CommitmentTuple.check_deployment reads it so)."""
+        return {f: Deployment.__dataclass_fields__[f].default for f in TP_FIELDS}
 
     def facts(self, family: str, site: dict) -> dict:
         if family == "matmul":
             return {"n": site["n"], "k": site["k"], "max_m": self.max_num_tokens, "num_sms": self.num_sms,
                     "smem_bytes": self.smem_bytes, "dtype_bytes": self.dtype_bytes}
-        if family == "attention":
-            return {"num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
+        if family == "attention":  # a rank's own heads
+            return {"num_heads": self.num_heads // self.tp_size, "num_kv_heads": self.num_kv_heads // self.tp_size,
+                    "head_dim": self.head_dim,
                     "num_sms": self.num_sms, "page_size": self.page_size, "max_context": self.max_context,
                     "max_batch": self.max_batch, "max_num_tokens": self.max_num_tokens,
                     "smem_bytes": self.smem_bytes, "dtype_bytes": self.dtype_bytes}
@@ -78,7 +91,13 @@ class Deployment:
             return {"vocab": self.vocab, "max_rows": self.max_num_tokens}
         if family == "elementwise":
             return {"width": site["width"], "max_rows": self.max_num_tokens}
+        if family == "allreduce":  # the model's all-reduces carry [tokens, hidden] rows
+            return {"world_size": self.tp_size, "max_nbytes": self.max_num_tokens * self.hidden * self.dtype_bytes,
+                    "push_workspace": self.allreduce_push_bytes, "pull_workspace": self.allreduce_pull_bytes}
         raise SelIRError(f"unknown kernel family {family!r}; known: {sorted(FAMILIES)}")
+
+
+TP_FIELDS = ("tp_size", "allreduce_push_bytes", "allreduce_pull_bytes")
 
 
 def site_key(family: str, site: dict) -> str:
@@ -99,6 +118,8 @@ def det_assignment(family: str, facts: dict, sol: Solution) -> tuple[dict, dict]
         return {"block": 256}, {}  # the large-batch block for every batch
     if family == "log_softmax":  # likewise
         return {"block": 1024}, {}
+    if family == "allreduce":  # one fixed-order algorithm for every message: the detent default's
+        return detent_default(family, sol, facts)
     return {}, {}  # a selection with no pin reads no batch value
 
 
@@ -117,7 +138,20 @@ def detent_default(family: str, sol: Solution, facts: dict) -> tuple[dict, dict]
         pins = {"block": sol.stock()(1).block}
     if family == "attention" and "split_size" in pins:
         pins = {**pins, **attention_split_pins(sol, facts["max_context"], pins, knobs)}
+    if family == "allreduce" and not ordered_allreduce(facts, pins):
+        custom = [dict(zip(sol.axes, a)) for a in sol.legal if ordered_allreduce(facts, dict(zip(sol.axes, a)))]
+        if not custom:
+            raise SelIRError(f"no all-reduce algorithm with a fixed order holds every message up to "
+                             f"{facts['max_nbytes']} bytes on {facts['world_size']} ranks (NCCL's order follows the "
+                             f"message size): enlarge the workspaces or lower max_num_tokens")
+        pins, knobs = sol.split(tuple(custom[0][a] for a in sol.axes))
     return pins, knobs
+
+
+def ordered_allreduce(facts: dict, pins: dict) -> bool:
+    """Whether a pinned all-reduce sums in an order of its own: any algorithm on two ranks (two values,
+    one add), a custom one from three up (NCCL's order follows its chunking of the message)."""
+    return facts["world_size"] <= 2 or pins.get("algorithm") != "nccl"
 
 
 ATTENTION_SPLIT = 1024  # keys per split in the detent default
@@ -158,7 +192,7 @@ class KernelSelections:
             if arm != "detent":
                 raise CommitmentError(f"{commitment.label()} pins the detent arm, and the {arm} arm would "
                                       f"ignore it: run the detent arm, or load no tuple")
-            commitment.check_deployment(asdict(deployment))
+            commitment.check_deployment(asdict(deployment), Deployment.later_defaults())
         self.deployment = deployment
         self.arm = arm
         self.commitment = commitment  # the input, read only; None: the default tuple
@@ -254,5 +288,8 @@ class KernelSelections:
                 sel = sol.commit(*detent_default(family, sol, self.deployment.facts(family, site)))
             else:
                 sel = sol.commit(dict(entry.pins), dict(entry.knobs))
+                if family == "allreduce" and not ordered_allreduce(self.deployment.facts(family, site), sel.pins):
+                    raise CommitmentError(f"{self.commitment.label()}: sites.{key} pins NCCL's all-reduce over "
+                                          f"{self.deployment.tp_size} ranks, whose order follows the message size")
         self._resolved[key] = SiteCommitment(sel.pins, sel.knobs)  # commit fills pins an entry left out
         return sel

@@ -12,6 +12,12 @@ sequences and `max_tokens_per_micro_batch` tokens: a grad-enabled forward throug
 `rescore`, so the first minibatch's ratios are exactly 1.0), the GRPO loss, backward, and the
 micro-batch's bf16 gradients added into the fp32 masters' gradients. Then clipping, AdamW, the
 learning-rate schedule (per optimizer step), and the rounding back into the compute weights.
+
+Under tensor parallelism (the model's `tp`, models/parallel.py) each rank trains its part: every
+rank computes the same logprobs, loss and statistics (the logits are gathered), its own parts'
+gradients, and the same replicated ones (norm weights); the gradient norm sums the parts' squares
+over the ranks (a pinned-order all-reduce) and counts each replicated tensor once, so every rank
+clips by the same factor. Each rank saves and restores its own state.
 """
 from __future__ import annotations
 
@@ -25,7 +31,9 @@ import torch
 
 from detent_rl.config import TrainSection
 from detent_rl.kernels.attention import device_tensor
+from detent_rl.kernels.allreduce import all_reduce
 from detent_rl.models.model import CausalLM
+from detent_rl.models.parallel import is_sharded
 from detent_rl.models.runner import completion_logprobs
 from detent_rl.trainer.grpo import normalizer, stats_dict, tokens_loss
 
@@ -311,7 +319,10 @@ class Trainer:
         for st in torch.stack(stats).cpu():
             _merge(agg, stats_dict(st))
         clip = self.cfg.grad_clip
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.master, clip if clip > 0 else math.inf).item()
+        if getattr(self.model, "tp", None) is None:  # (the stock trainer's HF model has none)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.master, clip if clip > 0 else math.inf).item()
+        else:
+            grad_norm = self._clip_tp(clip)
         self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
@@ -319,6 +330,19 @@ class Trainer:
             with torch.no_grad():
                 torch._foreach_copy_(self.params, self.master)  # round the fp32 master into the compute dtype
         return total, grad_norm, agg
+
+    def _clip_tp(self, clip: float) -> float:
+        """clip_grad_norm_ over the whole model cut across the tensor-parallel ranks: the parts' squared
+        norms summed over the ranks in rank order (fp32), each replicated tensor's counted once; every
+        rank scales its gradients by the same factor. Returns the total norm."""
+        sq = [torch.linalg.vector_norm(m.grad, dtype=torch.float32).square() for m in self.master]
+        parts = torch.stack([s for s, p in zip(sq, self.params) if is_sharded(p)]).sum()
+        whole = torch.stack([s for s, p in zip(sq, self.params) if not is_sharded(p)] or [parts * 0]).sum()
+        total = (all_reduce(parts.reshape(1), "one_shot_push", self.model.tp.group)[0] + whole).sqrt()
+        if clip > 0:
+            coef = torch.clamp(clip / (total + 1e-6), max=1.0)
+            torch._foreach_mul_([m.grad for m in self.master], coef)
+        return total.item()
 
     # ---- weights and state -------------------------------------------------------------------
     def compute_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:

@@ -12,6 +12,8 @@ kernels under the stock selection.
 
 Each parameter carries its own `weight_loader(param, tensor[, shard_id])`; fused projections
 (q/k/v, gate/up) load their HF shards into row ranges of one weight, so one matmul serves them.
+With tensor parallelism (`tp`, models/parallel.py) the projections are column- or row-parallel and
+each loader narrows a whole checkpoint tensor to its rank's part.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from detent_rl.kernels.matmul import launch_params, stock_linear
 from detent_rl.kernels.selections import KernelSelections
 from detent_rl.models.config import ModelConfig
 from detent_rl.models.context import get_context
+from detent_rl.models.parallel import TensorParallel, copy_to_ranks, narrow_to_rank, reduce_from_ranks, shard
 
 Device = torch.device | str
 
@@ -47,28 +50,57 @@ def _copy_into(dst: torch.Tensor, loaded: torch.Tensor) -> None:
 
 
 class Linear(nn.Module):
-    """y = x @ weight.T (+ bias), weight [out, in], through the matmul selector of (n=out, k=in)."""
+    """y = x @ weight.T (+ bias), weight [out, in], through the matmul selector of (n=out, k=in).
+
+    With `tp` and `parallel` "column": this rank's out/size output rows (input whole, gradient summed over
+    the ranks); "row": its in/size input columns, the partial outputs summed over the ranks, then the
+    (whole) bias added."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, selections: KernelSelections,
-                 device: Device, dtype: torch.dtype) -> None:
+                 device: Device, dtype: torch.dtype, tp: TensorParallel | None = None,
+                 parallel: str | None = None) -> None:
         super().__init__()
+        if (tp is None) != (parallel is None) or parallel not in (None, "column", "row"):
+            raise ValueError(f"parallel {parallel!r} with tp {tp}: give both (column or row) or neither")
+        self.tp, self.parallel = tp, parallel
+        if parallel == "column":
+            out_features = tp.part(out_features, "output features")
+        elif parallel == "row":
+            in_features = tp.part(in_features, "input features")
         self.weight = new_param((out_features, in_features), device, dtype)
         self.bias = new_param((out_features,), device, dtype) if bias else None
+        if tp is not None:
+            shard(self.weight, tp, 0 if parallel == "column" else 1)
+            if self.bias is not None and parallel == "column":
+                shard(self.bias, tp, 0)
+            self._reduce = selections.get("allreduce")
         self._select = selections.get("matmul", n=out_features, k=in_features)
         self._stock = selections.arm in ("stock", "corun")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self._stock:  # the stock arm: what a stock engine runs (cuBLAS picks its algorithm by shape)
-            return stock_linear(x, self.weight, self.bias)
-        return linear_autograd(x, self.weight, self.bias, launch_params(self._select(x.shape[0])))
+            return stock_linear(x, self.weight, bias)
+        return linear_autograd(x, self.weight, bias, launch_params(self._select(x.shape[0])))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.parallel is None:
+            return self._linear(x, self.bias)
+        if self.parallel == "column":
+            return self._linear(copy_to_ranks(x, self.tp, self._reduce), self.bias)
+        y = reduce_from_ranks(self._linear(x, None), self.tp, self._reduce)
+        return y if self.bias is None else y + self.bias
 
 
 class MergedLinear(Linear):
     """Several projections of one input stacked along the output: shards (name, rows) in order."""
 
     def __init__(self, in_features: int, shards: dict[str, int], bias: bool, selections: KernelSelections,
-                 device: Device, dtype: torch.dtype) -> None:
-        super().__init__(in_features, sum(shards.values()), bias, selections, device, dtype)
+                 device: Device, dtype: torch.dtype, tp: TensorParallel | None = None) -> None:
+        # column-parallel under tp: this rank's part of every shard, the parts in shard order
+        super().__init__(in_features, sum(shards.values()), bias, selections, device, dtype, tp,
+                         "column" if tp is not None else None)
+        if tp is not None:
+            shards = {name: tp.part(rows, f"{name} rows") for name, rows in shards.items()}
         self.offsets, at = {}, 0
         for name, rows in shards.items():
             self.offsets[name] = (at, rows)
@@ -80,7 +112,10 @@ class MergedLinear(Linear):
 
     def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
         start, rows = self.offsets[shard_id]
-        _copy_into(param.data.narrow(0, start, rows), loaded)
+        dst = param.data.narrow(0, start, rows)
+        if self.tp is not None:  # a whole checkpoint shard: this rank's rows of it
+            loaded = narrow_to_rank(self.tp, 0, dst.shape, loaded)
+        _copy_into(dst, loaded)
 
 
 class RMSNorm(nn.Module):
@@ -102,14 +137,30 @@ class RMSNorm(nn.Module):
 
 
 class Embedding(nn.Module):
+    """weight[ids]; under `tp` vocabulary-parallel: this rank's vocab/size rows, ids outside them give
+    zero rows, and the ranks' rows are summed (one value plus zeros: exact)."""
+
     def __init__(self, vocab: int, hidden: int, selections: KernelSelections, device: Device,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, tp: TensorParallel | None = None) -> None:
         super().__init__()
+        self.tp = tp
+        if tp is not None:
+            vocab = tp.part(vocab, "vocabulary")
+            self._reduce = selections.get("allreduce")
         self.weight = new_param((vocab, hidden), device, dtype)
+        if tp is not None:
+            shard(self.weight, tp, 0)
         self._select = selections.get("elementwise", width=hidden)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return embedding_autograd(ids, self.weight, block=self._select(ids.shape[0]).block)
+        block = self._select(ids.shape[0]).block
+        if self.tp is None:
+            return embedding_autograd(ids, self.weight, block=block)
+        start, rows = self.tp.rank * self.weight.shape[0], self.weight.shape[0]
+        outside = (ids < start) | (ids >= start + rows)
+        local = torch.where(outside, torch.zeros_like(ids), ids - start)
+        out = embedding_autograd(local, self.weight, block=block).masked_fill(outside.unsqueeze(-1), 0)
+        return reduce_from_ranks(out, self.tp, self._reduce)
 
 
 class RotaryEmbedding(nn.Module):
@@ -133,16 +184,26 @@ class MLP(nn.Module):
     """down(silu(gate(x)) * up(x)), gate and up fused into one matmul."""
 
     def __init__(self, hidden: int, intermediate: int, bias: bool, selections: KernelSelections,
-                 device: Device, dtype: torch.dtype) -> None:
+                 device: Device, dtype: torch.dtype, tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.gate_up_proj = MergedLinear(hidden, {"gate": intermediate, "up": intermediate}, bias,
-                                         selections, device, dtype)
-        self.down_proj = Linear(intermediate, hidden, bias, selections, device, dtype)
-        self._select = selections.get("elementwise", width=intermediate)
+                                         selections, device, dtype, tp)
+        self.down_proj = Linear(intermediate, hidden, bias, selections, device, dtype, tp,
+                                "row" if tp is not None else None)
+        width = tp.part(intermediate, "intermediate_size") if tp is not None else intermediate
+        self._select = selections.get("elementwise", width=width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = silu_and_mul_autograd(self.gate_up_proj(x), block=self._select(x.shape[0]).block)
         return self.down_proj(h)
+
+
+def local_heads(config: ModelConfig, tp: TensorParallel | None) -> tuple[int, int]:
+    """(query heads, KV heads) of one rank; each KV head's query group stays on its rank."""
+    if tp is None:
+        return config.num_attention_heads, config.num_key_value_heads
+    return (tp.part(config.num_attention_heads, "num_attention_heads"),
+            tp.part(config.num_key_value_heads, "num_key_value_heads (KV heads are not replicated)"))
 
 
 class Attention(nn.Module):
@@ -150,16 +211,18 @@ class Attention(nn.Module):
     the step's keys stored into this layer's paged cache, paged causal attention, o_proj."""
 
     def __init__(self, config: ModelConfig, layer_idx: int, rotary: RotaryEmbedding, selections: KernelSelections,
-                 device: Device, dtype: torch.dtype) -> None:
+                 device: Device, dtype: torch.dtype, tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = d = config.head_dim
+        q_size, kv_size = config.num_attention_heads * d, config.num_key_value_heads * d
+        self.qkv_proj = MergedLinear(config.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size},
+                                     config.attention_bias, selections, device, dtype, tp)
+        self.o_proj = Linear(q_size, config.hidden_size, config.o_proj_bias, selections, device, dtype, tp,
+                             "row" if tp is not None else None)
+        self.num_heads, self.num_kv_heads = local_heads(config, tp)  # this rank's heads
         self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
         self.scale = d ** -0.5
-        self.qkv_proj = MergedLinear(config.hidden_size, {"q": self.q_size, "k": self.kv_size, "v": self.kv_size},
-                                     config.attention_bias, selections, device, dtype)
-        self.o_proj = Linear(self.q_size, config.hidden_size, config.o_proj_bias, selections, device, dtype)
         self.q_norm = self.k_norm = None
         if config.qk_norm:
             self.q_norm = RMSNorm(d, config.rms_norm_eps, selections, device, dtype, self.num_heads)

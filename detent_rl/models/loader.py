@@ -19,6 +19,7 @@ from detent_rl.kernels.selections import KernelSelections
 from detent_rl.models.config import ModelConfig
 from detent_rl.models.layers import Device, copy_weight
 from detent_rl.models.model import CausalLM, deployment_for
+from detent_rl.models.parallel import TensorParallel
 
 # HF projection name -> (our fused parameter's module, shard id)
 FUSED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
@@ -34,25 +35,27 @@ class WeightsError(ValueError):
 def load_model(path: str | Path, selections: KernelSelections | str = "detent", device: Device = "cpu",
                dtype: Optional[torch.dtype] = None, *, commitment: Optional[CommitmentTuple] = None,
                page_size: int = 16, max_context: int = 4096, max_batch: int = 256,
-               max_num_tokens: int = 8192) -> CausalLM:
+               max_num_tokens: int = 8192, tp: Optional[TensorParallel] = None) -> CausalLM:
     """The model of checkpoint directory `path`, its weights loaded.
 
     `selections` is a built KernelSelections, or an arm name ("detent", "det", "stock") to build one
     for this model with the given deployment limits and, for the detent arm, `commitment` (a loaded
     tuple file: it must record this deployment and only sites this model has, or CommitmentError).
-    `dtype` defaults to the config's dtype (fp32 if it names none).
+    `dtype` defaults to the config's dtype (fp32 if it names none). With `tp` (models/parallel.py)
+    the model is this rank's part and each parameter loads its part of the checkpoint's tensor.
     """
     root = Path(path)
     config = ModelConfig.from_file(root)
     dtype = dtype or config.torch_dtype or torch.float32
     if isinstance(selections, str):
         deployment = deployment_for(config, dtype, page_size=page_size, max_context=max_context,
-                                    max_batch=max_batch, max_num_tokens=max_num_tokens)
+                                    max_batch=max_batch, max_num_tokens=max_num_tokens,
+                                    tp_size=tp.size if tp is not None else 1)
         selections = KernelSelections(deployment, selections, commitment)
     elif commitment is not None:  # the built selections have their own tuple (or none); this one would be ignored
         raise ValueError("load_model: give `commitment` with an arm name, not with built KernelSelections "
                          "(pass the tuple to KernelSelections instead)")
-    model = CausalLM(config, selections, device, dtype)
+    model = CausalLM(config, selections, device, dtype, tp=tp)
     if model.device.type != "meta":  # on "meta": the model's shapes and selections alone, e.g. to check a tuple
         load_weights(model, root)
     return model

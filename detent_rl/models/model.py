@@ -18,25 +18,28 @@ from detent_rl.kernels.rotary import rope_cos_sin
 from detent_rl.kernels.selections import Deployment, KernelSelections
 from detent_rl.models.config import ModelConfig
 from detent_rl.models.context import ForwardContext, KVCache, get_context, set_context
-from detent_rl.models.layers import MLP, Attention, Device, Embedding, Linear, RMSNorm, RotaryEmbedding
+from detent_rl.models.layers import MLP, Attention, Device, Embedding, Linear, RMSNorm, RotaryEmbedding, local_heads
+from detent_rl.models.parallel import TensorParallel, gather_columns
 
 
 def deployment_for(config: ModelConfig, dtype: torch.dtype, *, page_size: int = 16, max_context: int = 4096,
-                   max_batch: int = 256, max_num_tokens: int = 8192) -> Deployment:
-    """The selection facts of serving `config` in `dtype` within the given limits."""
+                   max_batch: int = 256, max_num_tokens: int = 8192, tp_size: int = 1, **extra: int) -> Deployment:
+    """The selection facts of serving `config` in `dtype` within the given limits (over `tp_size`
+    tensor-parallel ranks; `extra`: other Deployment fields, e.g. the all-reduce workspaces)."""
     return Deployment(num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads,
                       head_dim=config.head_dim, hidden=config.hidden_size, vocab=config.vocab_size,
                       dtype_bytes=torch.empty((), dtype=dtype).element_size(), page_size=page_size,
-                      max_context=max_context, max_batch=max_batch, max_num_tokens=max_num_tokens)
+                      max_context=max_context, max_batch=max_batch, max_num_tokens=max_num_tokens,
+                      tp_size=tp_size, **extra)
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int, rotary: RotaryEmbedding, selections: KernelSelections,
-                 device: Device, dtype: torch.dtype) -> None:
+                 device: Device, dtype: torch.dtype, tp: Optional[TensorParallel] = None) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
-        self.self_attn = Attention(config, layer_idx, rotary, selections, device, dtype)
-        self.mlp = MLP(hidden, config.intermediate_size, config.mlp_bias, selections, device, dtype)
+        self.self_attn = Attention(config, layer_idx, rotary, selections, device, dtype, tp)
+        self.mlp = MLP(hidden, config.intermediate_size, config.mlp_bias, selections, device, dtype, tp)
         self.input_layernorm = RMSNorm(hidden, eps, selections, device, dtype)
         self.post_attention_layernorm = RMSNorm(hidden, eps, selections, device, dtype)
 
@@ -54,10 +57,10 @@ class DecoderLayer(nn.Module):
 
 class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, selections: KernelSelections,
-                 device: Device, dtype: torch.dtype) -> None:
+                 device: Device, dtype: torch.dtype, tp: Optional[TensorParallel] = None) -> None:
         super().__init__()
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, selections, device, dtype)
-        self.layers = nn.ModuleList(DecoderLayer(config, i, rotary, selections, device, dtype)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, selections, device, dtype, tp)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, rotary, selections, device, dtype, tp)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, selections, device, dtype)
         # with grad: keep each layer's inputs only and recompute the layer in the backward (the same
@@ -84,18 +87,28 @@ def _in_context(ctx: ForwardContext, layer: nn.Module, *args: Any) -> Any:
 
 
 class CausalLM(nn.Module):
+    """The model; with `tp` (models/parallel.py) this rank's part of it, over `selections`' tp_size ranks."""
+
     def __init__(self, config: ModelConfig, selections: KernelSelections, device: Device = "cpu",
-                 dtype: torch.dtype = torch.bfloat16, max_positions: Optional[int] = None) -> None:
+                 dtype: torch.dtype = torch.bfloat16, max_positions: Optional[int] = None,
+                 tp: Optional[TensorParallel] = None) -> None:
         super().__init__()
         _check_deployment(config, selections.deployment, dtype)
+        size = tp.size if tp is not None else 1
+        if selections.deployment.tp_size != size:
+            raise ValueError(f"the kernel selections were solved for {selections.deployment.tp_size} tensor-parallel "
+                             f"ranks, the model is built for {size}")
         self.config, self.selections, self.dtype = config, selections, dtype
+        self.tp = tp if size > 1 else None
+        self.num_heads, self.num_kv_heads = local_heads(config, self.tp)
         self.device = torch.device(device)
         self.max_positions = max_positions or selections.deployment.max_context
         cos, sin = rope_cos_sin(config.hf_config, self.max_positions, device, dtype)
-        width = config.num_attention_heads * config.head_dim
+        width = self.num_heads * config.head_dim
         self.rotary = RotaryEmbedding(cos, sin, width, selections)
-        self.model = DecoderModel(config, self.rotary, selections, device, dtype)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, selections, device, dtype)
+        self.model = DecoderModel(config, self.rotary, selections, device, dtype, self.tp)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, selections, device, dtype, self.tp,
+                              "column" if self.tp is not None else None)
         if config.tie_word_embeddings:  # one tensor: a weight update reaches both uses
             self.lm_head.weight = self.model.embed_tokens.weight
         self._select_attention = selections.get("attention")
@@ -109,8 +122,9 @@ class CausalLM(nn.Module):
         return self.model(input_ids, positions)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[rows, hidden] -> [rows, vocab] in the model dtype."""
-        return self.lm_head(hidden)
+        """[rows, hidden] -> [rows, vocab] in the model dtype (every rank's columns, gathered, under tp)."""
+        out = self.lm_head(hidden)
+        return out if self.tp is None else gather_columns(out, self.tp)
 
     def select_attention(self, num_seqs: int, max_seqlen_q: int, num_tokens: int, max_seqlen_k: int) -> Any:
         """The step's attention selection; `attention_tiling` of it is what `attn_meta` must tile the
@@ -119,20 +133,20 @@ class CausalLM(nn.Module):
 
     def attention_tiling(self, selection: Any) -> tuple[int, int]:
         """(block_m, pack) of an attention selection: `attn_meta`'s last two arguments."""
-        c = self.config
-        return selection.block_m, pack_of(selection, c.num_attention_heads, c.num_key_value_heads)
+        return selection.block_m, pack_of(selection, self.num_heads, self.num_kv_heads)
 
     @property
     def page_size(self) -> int:
         return self.selections.deployment.page_size
 
     def allocate_kv_cache(self, num_pages: int, page_size: Optional[int] = None) -> list[KVCache]:
-        """Zeroed (k_cache, v_cache) per layer, each [num_pages, page_size, kv_heads, head_dim]."""
+        """Zeroed (k_cache, v_cache) per layer, each [num_pages, page_size, kv_heads, head_dim] (this rank's
+        KV heads under tp)."""
         if page_size is not None and page_size != self.page_size:
             raise ValueError(f"page_size {page_size} differs from the deployment's {self.page_size}, "
                              f"which the attention selection was solved for")
         c = self.config
-        shape = (num_pages, self.page_size, c.num_key_value_heads, c.head_dim)
+        shape = (num_pages, self.page_size, self.num_kv_heads, c.head_dim)
         return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                  torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(c.num_hidden_layers)]
 

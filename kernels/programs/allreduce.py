@@ -4,8 +4,13 @@ Stock selection picks the algorithm from the message size, the world size and wh
 graph is being captured, with thresholds in the style of SGLang's custom all-reduce v2 tables:
 one-shot push for small messages, two-shot push, then two-shot pull, then NCCL. Each algorithm
 adds a row's values across ranks in a different order, so a message that grows with the batch
-changes the bits. Our kernels sum each element in fixed rank order; pinning the algorithm (and the
-workspace mode) makes the reduction order independent of the batch.
+changes the bits. Our kernels (`kernels/allreduce.py`) sum each element in an order fixed by the
+algorithm: one-shot in rank order, two-shot starting at the rank that owns the element's chunk (as
+custom all-reduce kernels rotate their peer pointers). NCCL's (and gloo's) own order follows its
+chunking of the message, so from three ranks up it is never batch-invariant, pinned or not: the
+pinned arms commit a custom algorithm there (`kernels/selections.py`; a stock engine may well take
+NCCL, so it stays legal here). Pinning the algorithm (and the workspace mode) makes the reduction
+order independent of the batch.
 """
 from __future__ import annotations
 
