@@ -61,6 +61,9 @@ class ModelSection:
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     max_context: int = 1024  # prompt + completion tokens the engine admits per sequence
     commitment: Optional[str] = None  # commitment-tuple JSON from the tuner; None: the arm's defaults
+    # tensor-parallel ranks of each engine and of the trainer (heads, MLP width and vocabulary cut over
+    # them; models/parallel.py): one degree for both, as bits differ across degrees
+    tp_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -276,6 +279,7 @@ _BOUNDS = (
     ("train.grad_clip", _non_negative, "must be >= 0 (0: off)"),
     ("train.micro_batch_size", _positive, "must be >= 1"),
     ("train.num_gpus", _positive, "must be >= 1"),
+    ("model.tp_size", _positive, "must be >= 1"),
     ("train.max_tokens_per_micro_batch", lambda v: v is None or v >= 1, "must be >= 1 or null"),
     ("train.updates_per_batch", _positive, "must be >= 1"),
     ("train.loss.clip_low", lambda v: 0 <= v < 1, "must be in [0, 1) (the ratio floor is 1 - clip_low)"),
@@ -371,6 +375,18 @@ def _validate(r: Recipe, ctx: Context) -> Recipe:
             raise ctx.error("train.zero_stage", "the ZeRO ranks are Ray actors: it needs ray.mode: ray")
         if r.run.arm == "stock":
             raise ctx.error("train.zero_stage", "the stock arm trains with transformers' own trainer; leave it null")
+    if m.tp_size > 1:
+        if r.ray.mode != "ray":
+            raise ctx.error("model.tp_size", f"{m.tp_size} ranks are Ray actors (a process each): it needs ray.mode: ray")
+        if r.run.arm == "stock":
+            raise ctx.error("model.tp_size", "the stock arm trains with transformers' own model on one device; "
+                                             "tensor parallelism runs the detent, det and corun arms")
+        if tr.zero_stage is not None:
+            raise ctx.error("model.tp_size", "with train.zero_stage: tensor parallelism inside ZeRO's data "
+                                             "parallelism is not built yet; use one of them")
+        if r.ray.weight_sync not in ("auto", "host"):
+            raise ctx.error("ray.weight_sync", f"{r.ray.weight_sync} with model.tp_size {m.tp_size}: each trainer rank's "
+                                               f"part goes to its engine ranks by host copies for now; use auto or host")
     if r.rollout.release_memory and r.ray.mode == "ray" and r.ray.placement != "colocated":
         raise ctx.error("rollout.release_memory", "frees the engines' memory for a trainer on the same device; "
                                                   "with ray.placement: disaggregated they share none")

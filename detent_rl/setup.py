@@ -65,8 +65,13 @@ def prepare(recipe: Recipe) -> RunSetup:
                      max_context=m.max_context, max_batch=max(ro.max_num_seqs, tr.micro_batch_size, batch, 8),
                      max_num_tokens=max(2048, tr.max_tokens_per_micro_batch or tr.micro_batch_size * m.max_context,
                                         m.max_context, ro.chunk_size),
-                     commitment=m.commitment, threads=1 if device == "cpu" else 0)
-    spec.check()
+                     commitment=m.commitment, threads=1 if device == "cpu" else 0, tp_size=m.tp_size)
+    try:
+        spec.check()
+    except ValueError as e:  # the model does not cut over model.tp_size ranks
+        if m.tp_size == 1:
+            raise
+        raise RecipeError(f"{recipe.source}: model.tp_size: {m.tp_size}: {e}") from None
     return RunSetup(device, checkpoint, tokenizer, spec, train_tasks, eval_tasks, prompts, load_reward(d.reward))
 
 
@@ -83,13 +88,25 @@ def _check_ray_resources(recipe: Recipe, need: dict, have: dict) -> None:
 PLACEMENT_TIMEOUT = 120.0  # s to wait for the placement group's bundles before giving up with the cluster's resources
 
 
+def group_sizes(recipe: Recipe) -> tuple[int, int]:
+    """(rollout workers, trainer workers): each engine's and the trainer's ranks are workers of their group."""
+    tp = recipe.model.tp_size
+    return recipe.rollout.num_engines * tp, (tp if tp > 1 else recipe.train.num_gpus)
+
+
 def placement_bundles(recipe: Recipe, device: str) -> tuple[list[dict], tuple[int, ...], tuple[int, ...], float,
                                                                float]:
-    """(bundles, each engine's bundle, each trainer rank's bundle, GPUs an engine takes, GPUs a trainer rank
-    takes) of `ray.placement`: colocated, one bundle holds the engines and the trainer (on a GPU the
-    trainer takes half, the engines share the other half); disaggregated, a bundle (a whole GPU) each."""
-    engines, ranks = recipe.rollout.num_engines, recipe.train.num_gpus
+    """(bundles, each engine worker's bundle, each trainer rank's bundle, GPUs an engine worker takes, GPUs a
+    trainer rank takes) of `ray.placement`: colocated, one bundle holds the engines and the trainer (on a
+    GPU the trainer takes half, the engines share the other half; with tensor parallelism one such bundle
+    per TP rank, a GPU each, holding that rank of every engine and of the trainer); disaggregated, a
+    bundle (a whole GPU) each."""
+    (engines, ranks), tp = group_sizes(recipe), recipe.model.tp_size
     gpu = device == "cuda"
+    if recipe.ray.placement == "colocated" and gpu and tp > 1:
+        per = recipe.rollout.num_engines
+        return ([{"CPU": float(per + 1), "GPU": 1.0} for _ in range(tp)], tuple(j % tp for j in range(engines)),
+                tuple(range(tp)), 0.5 / per, 0.5)
     if recipe.ray.placement == "colocated":
         if gpu and ranks > 1:
             raise RecipeError(f"{recipe.source}: train.num_gpus: {ranks} trainer ranks are a GPU each; "
@@ -147,4 +164,4 @@ def start_workers(recipe: Recipe, setup: RunSetup) -> tuple[WorkerGroup[RolloutW
                             ray=RayPlacement(num_cpus=1, num_gpus=trainer_gpus, placement_group=pg,
                                              bundles=trainer_bundles)))
     return (WorkerGroup(RolloutWorker, setup.spec, recipe.rollout, size=recipe.rollout.num_engines),
-            WorkerGroup(TrainerWorker, setup.spec, recipe.train))
+            WorkerGroup(TrainerWorker, setup.spec, recipe.train))  # (tensor parallelism needs Ray: config.py)

@@ -77,6 +77,7 @@ def run(recipe: Recipe, resume: Optional[str] = None) -> int:
     rollout, trainer = start_workers(recipe, setup)
     try:
         start_trainer_ranks(recipe, trainer)
+        start_tp_groups(recipe, rollout, trainer)
         record_workers(run_dir, rollout, trainer)
         sampler = PromptSampler(setup.train_tasks, recipe.rollout.prompts_per_step, recipe.run.seed)
         step = 0
@@ -85,7 +86,7 @@ def run(recipe: Recipe, resume: Optional[str] = None) -> int:
             lead(trainer, "load_state", start / checkpoint.TRAINER_PART)
             sampler.load_state_dict(checkpoint.load_part(start, checkpoint.DRIVER_PART)["sampler"])
         transport = sync_transport(recipe, rollout, trainer)  # the workers' placement: fixed for the run
-        sync_weights(rollout, trainer, transport)  # both sides start from the same bits
+        sync_weights(rollout, trainer, transport, recipe.model.tp_size)  # both sides start from the same bits
         if recipe.run.arm != "stock":  # stock pins nothing: its selectors read the batch
             record_commitment(run_dir, rollout, trainer)
         with RunLog(run_dir, tensorboard=recipe.log.tensorboard, progress=recipe.log.progress, total_steps=steps,
@@ -132,6 +133,21 @@ def start_trainer_ranks(recipe: Recipe, trainer: WorkerGroup) -> None:
     trainer.get(trainer.async_each("start_zero", [(address, r, len(trainer)) for r in range(len(trainer))]))
 
 
+def start_tp_groups(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup) -> None:
+    """With `model.tp_size` > 1: each engine's ranks and the trainer's ranks form their tensor-parallel
+    group (at the group's rank 0's address), then each rank loads its part of the model; all at once."""
+    tp = recipe.model.tp_size
+    if tp == 1:
+        return
+    engines = len(rollout) // tp
+    addresses = rollout.get(rollout.async_each("sync_address", [() if j % tp == 0 else None
+                                                                for j in range(len(rollout))]))
+    (trainer_address,) = trainer.get(rank0(trainer, "sync_address"))
+    started = rollout.async_each("start_tp", [(addresses[j // tp], j % tp, tp) for j in range(engines * tp)])
+    joined = trainer.async_each("start_tp", [(trainer_address, r, tp) for r in range(tp)])
+    gather((rollout, started), (trainer, joined))
+
+
 def sync_transport(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup) -> str:
     """How the weights travel (`ray.weight_sync`; auto: the fastest the placement allows): in one process
     the engine takes the trainer's device tensors ("device"); Ray actors on one GPU (the same device
@@ -140,6 +156,8 @@ def sync_transport(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup) -
     A collective's group is formed here, once for the run."""
     if recipe.ray.mode == "inline":
         return "device"
+    if recipe.model.tp_size > 1:  # each trainer rank's part to its engine ranks (config.py allows no other)
+        return "host"
     mine = trainer.call("device_uuid")[0]
     theirs = rollout.call("device_uuid")
     shared = mine is not None and all(u == mine for u in theirs)
@@ -163,10 +181,11 @@ def sync_transport(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup) -
     return transport
 
 
-def sync_weights(rollout: WorkerGroup, trainer: WorkerGroup, transport: str) -> str:
+def sync_weights(rollout: WorkerGroup, trainer: WorkerGroup, transport: str, tp: int = 1) -> str:
     """The trainer's compute weights into every engine, checked there by digest (`RolloutWorker.
-    update_weights`); the digest's hex. `transport`: `sync_transport`'s choice. A collective sync sends
-    the manifest (names, shapes, digest) first, then the broadcast, which both sides enter at once."""
+    update_weights`); the digest's hex (with `tp` ranks, each rank's part's, joined by commas).
+    `transport`: `sync_transport`'s choice. A collective sync sends the manifest (names, shapes,
+    digest) first, then the broadcast, which both sides enter at once."""
     if transport == "collective":
         (manifest,) = trainer.get(rank0(trainer, "weights_manifest"))
         sending = rank0(trainer, "broadcast_weights")
@@ -174,8 +193,16 @@ def sync_weights(rollout: WorkerGroup, trainer: WorkerGroup, transport: str) -> 
         _, digests = gather((trainer, sending), (rollout, received))  # a dead engine reported at once
         (digest,) = set(digests)
         return digest
+    if tp > 1:  # tensor-parallel ranks: trainer rank r's part to rank r of every engine
+        parts = trainer.async_call("weights", transport)
+        digests = rollout.get(rollout.async_each("update_weights", [(parts[j % tp],) for j in range(len(rollout))]))
+        by_rank = [sorted(set(digests[r::tp])) for r in range(tp)]
+        if any(len(d) != 1 for d in by_rank):
+            raise RuntimeError(f"weight sync: the engines' ranks hold different weights: {by_rank}")
+        return ",".join(d[0] for d in by_rank)
     (digest,) = set(rollout.call("update_weights", *rank0(trainer, "weights", transport)))
     return digest
+
 
 
 def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: WorkerGroup, tasks: list[Task],
@@ -186,7 +213,8 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
     params = [SamplingParams(seed=sample_seed(recipe.run.seed, step, t.id, j), temperature=ro.temperature,
                              top_p=ro.top_p, top_k=ro.top_k, max_tokens=ro.max_new_tokens,
                              stop_token_ids=tuple(setup.tokenizer.eos_token_ids)) for t, j in ids]
-    outs = generate(rollout, GenerateRequest([setup.prompts[t.id] for t, _ in ids], params), ro.samples_per_prompt)
+    outs = generate(rollout, GenerateRequest([setup.prompts[t.id] for t, _ in ids], params), ro.samples_per_prompt,
+                    recipe.model.tp_size)
     if ro.release_memory:  # the trainer's update gets the engines' KV cache; the next generate takes it back
         rollout.call("release_memory")
     t_rollout = time.perf_counter() - t0
@@ -212,7 +240,10 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
         stats, old = lead(trainer, "train_rollout_old", samples)
         source = "first minibatch's update"
     else:
-        (old,) = trainer.get(rank0(trainer, "rescore", samples))  # no grad, no collective: one rank is enough
+        if recipe.model.tp_size > 1:  # every tensor-parallel rank computes its part of the forward
+            old = lead(trainer, "rescore", samples)
+        else:
+            (old,) = trainer.get(rank0(trainer, "rescore", samples))  # no grad, no collective: one rank is enough
         t_rescore = time.perf_counter() - t_train
         source = "rescore"
     checked = len(old)
@@ -225,7 +256,7 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
     # pi_trainer / pi_rollout per token: exactly 1 when the bits match (what TIS would correct)
     behaviour = torch.exp(torch.cat(old) - torch.cat(rollout_lp[:checked]))
     t_sync = time.perf_counter()
-    digest = sync_weights(rollout, trainer, transport)
+    digest = sync_weights(rollout, trainer, transport, recipe.model.tp_size)
     t_sync = time.perf_counter() - t_sync
     new_tokens = sum(len(s.tokens) - s.num_prompt for s in samples)
     metrics = {"reward_mean": sum(s.reward for s in samples) / len(samples), "bit_match": check["bit_match"],
@@ -250,7 +281,8 @@ def evaluate(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup) -> float:
     tasks = setup.eval_tasks
     greedy = SamplingParams(seed=0, temperature=0.0, max_tokens=recipe.rollout.max_new_tokens,
                             stop_token_ids=tuple(setup.tokenizer.eos_token_ids))
-    outs = generate(rollout, GenerateRequest([setup.prompts[t.id] for t in tasks], [greedy] * len(tasks)))
+    outs = generate(rollout, GenerateRequest([setup.prompts[t.id] for t in tasks], [greedy] * len(tasks)),
+                    tp_size=recipe.model.tp_size)
     texts = [setup.tokenizer.decode(o.tokens[o.num_prompt:]) for o in outs]
     return sum(setup.reward(x, t) for x, t in zip(texts, tasks)) / len(tasks)
 

@@ -8,6 +8,12 @@ device); the rollout worker recomputes it over what it then holds, on its device
 mismatch naming the tensors that differ. In one process (`ray.mode: inline`) the update carries the
 trainer's live device tensors and the engine copies them device to device; between Ray actors it
 carries host copies through Ray's object store.
+
+With `model.tp_size` > 1 every engine and the trainer are groups of that many ranks (Ray actors, each
+its own torch.distributed group: `start_tp`), each holding its part of the model
+(`models/parallel.py`); every call goes to all ranks of a group and rank 0's result is taken (the
+ranks' results are equal: the logits are gathered before sampling and scoring), and trainer rank r's
+part goes to rank r of every engine.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ from detent_rl.ipc import CudaIpcTensors, device_uuid
 from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.models import load_model
 from detent_rl.models.model import CausalLM
+from detent_rl.models.parallel import TensorParallel
 from detent_rl.models.weights import WeightsDigest, weights_digest
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
@@ -57,20 +64,26 @@ class ModelSpec:
     max_num_tokens: int
     commitment: Optional[str] = None
     threads: int = 0  # CPU: torch threads in this worker (0 = leave torch's default)
+    tp_size: int = 1  # tensor-parallel ranks of each engine and of the trainer
 
-    def load(self, device: Optional[str] = None) -> CausalLM:
-        """The model with its weights; on device "meta" without them (what `check` uses)."""
+    def load(self, device: Optional[str] = None, tp: Optional[TensorParallel] = None) -> CausalLM:
+        """The model with its weights (this rank's part with `tp`); on device "meta" without them (what
+        `check` uses)."""
         if self.device == "cpu" and self.threads and device != "meta":
             torch.set_num_threads(self.threads)
+        if (tp.size if tp is not None else 1) != self.tp_size:
+            raise ValueError(f"the spec's model is cut over {self.tp_size} tensor-parallel ranks; this load has "
+                             f"{tp.size if tp is not None else 1}")
         commitment = CommitmentTuple.load(self.commitment) if self.commitment else None
         return load_model(self.path, self.arm, device=device or self.device, dtype=DTYPES[self.dtype],
                           commitment=commitment, max_context=self.max_context, max_batch=self.max_batch,
-                          max_num_tokens=self.max_num_tokens)
+                          max_num_tokens=self.max_num_tokens, tp=tp)
 
     def check(self) -> None:
         """Builds the model's selections without weights, so a bad config or commitment tuple (another
-        deployment, unknown sites) fails here in the driver, in one line, before any worker starts."""
-        self.load(device="meta")
+        deployment, unknown sites, heads that do not divide over the TP ranks) fails here in the driver,
+        in one line, before any worker starts."""
+        self.load(device="meta", tp=TensorParallel(0, self.tp_size) if self.tp_size > 1 else None)
 
 
 @dataclass(frozen=True)
@@ -127,6 +140,17 @@ class SyncGroup:
         self.group.broadcast(tensor, 0).wait()
 
 
+def join_tp_group(spec: ModelSpec, address: str, rank: int, world: int) -> TensorParallel:
+    """This process as rank `rank` of a tensor-parallel group of `world` at `address` (its rank 0's):
+    torch.distributed's default group of the process (NCCL on the GPU, gloo on the CPU)."""
+    import torch.distributed as dist
+    if spec.device == "cuda":
+        torch.cuda.set_device(0)  # Ray shows the actor its own GPU only
+    dist.init_process_group("nccl" if spec.device == "cuda" else "gloo", init_method=f"tcp://{address}",
+                            rank=rank, world_size=world, timeout=SYNC_TIMEOUT)
+    return TensorParallel.from_group()
+
+
 def sync_address() -> str:
     """host:port for the sync group's rendezvous, on this worker's node: its IP and a port free now."""
     import socket
@@ -160,24 +184,40 @@ def deal(num_requests: int, group_size: int, num_engines: int) -> list[list[int]
     return out
 
 
-def generate(rollout: Any, request: GenerateRequest, group_size: int = 1) -> list[Completion]:
+def generate(rollout: Any, request: GenerateRequest, group_size: int = 1, tp_size: int = 1) -> list[Completion]:
     """`request` on the rollout group's engines (data parallel, dealt by `deal`), the completions back in
-    request order."""
-    shares = deal(len(request.prompts), group_size, len(rollout))
+    request order. With `tp_size` > 1 the group's workers are engines' ranks (engine e: workers e * tp_size
+    onwards): every rank of an engine takes its share, and its rank 0's completions are kept."""
+    shares = deal(len(request.prompts), group_size, len(rollout) // tp_size)
     calls = [(GenerateRequest([request.prompts[i] for i in idx], [request.params[i] for i in idx]),) if idx else None
              for idx in shares]
-    results = iter(rollout.get(rollout.async_each("generate", calls)))
+    results = iter(rollout.get(rollout.async_each("generate", [c for c in calls for _ in range(tp_size)])))
     out: list[Optional[Completion]] = [None] * len(request.prompts)
     for idx in shares:
         if idx:
-            for i, c in zip(idx, next(results)):
+            ranks = [next(results) for _ in range(tp_size)]
+            for i, c in zip(idx, ranks[0]):
                 out[i] = c
     return out  # type: ignore[return-value]
 
 
 class RolloutWorker:
     def __init__(self, spec: ModelSpec, rollout: RolloutSection) -> None:
-        self.model = spec.load()
+        self.spec, self.rollout = spec, rollout
+        if spec.tp_size == 1:
+            self._build(spec.load())
+        # else `start_tp` builds this rank's part once every rank knows the group's address
+
+    def start_tp(self, address: str, rank: int, world: int) -> None:
+        """Rank `rank` of this engine's tensor-parallel group at `address`, then its part of the model."""
+        self._build(self.spec.load(tp=join_tp_group(self.spec, address, rank, world)))
+
+    def sync_address(self) -> str:
+        return sync_address()
+
+    def _build(self, model: CausalLM) -> None:
+        spec, rollout = self.spec, self.rollout
+        self.model = model
         batch = rollout.prompts_per_step * rollout.samples_per_prompt
         num_seqs = min(rollout.max_num_seqs, spec.max_batch)
         # enough pages for every sequence the engine runs at once at full context, plus slack
@@ -245,12 +285,23 @@ class TrainerWorker:
             self.trainer: Trainer = StockTrainer(spec.path, self.model, train, spec.device, DTYPES[spec.dtype],
                                                  spec.max_num_tokens)
             return
+        self.spec, self.train_section, self.tp_rank = spec, train, None
+        if spec.tp_size > 1:
+            return  # `start_tp` builds this rank's part once every rank knows the group's address
         self.model = spec.load()
         self.ref = spec.load() if train.loss.kl_coef else None  # frozen reference: the starting weights
-        self.train_section = train
         if train.zero_stage is None:
             self.trainer = Trainer(self.model, train, self.ref)
         # else `start_zero` builds the ZeRO trainer once every rank knows the group's address
+
+    def start_tp(self, address: str, rank: int, world: int) -> None:
+        """Rank `rank` of the trainer's tensor-parallel group at `address`, then its part of the model (and
+        of the reference model) and its trainer."""
+        tp = join_tp_group(self.spec, address, rank, world)
+        self.tp_rank = rank
+        self.model = self.spec.load(tp=tp)
+        self.ref = self.spec.load(tp=tp) if self.train_section.loss.kl_coef else None
+        self.trainer = Trainer(self.model, self.train_section, self.ref)
 
     def start_zero(self, address: str, rank: int, world: int) -> None:
         """Rank `rank` of the trainer's ZeRO group (`train.zero_stage`): the torch.distributed group at
@@ -324,11 +375,19 @@ class TrainerWorker:
         return self.model.selections.resolved()
 
     def save_state(self, path: str | os.PathLike) -> None:
-        """Writes the trainer's state (masters, optimizer, schedule) to `path`, streamed from the live tensors."""
-        self.trainer.save_state(Path(path))
+        """Writes the trainer's state (masters, optimizer, schedule) to `path`, streamed from the live tensors
+        (a tensor-parallel rank its part, as `path`/tp_rank<r>.pt)."""
+        self.trainer.save_state(self._state_path(path, create=True))
 
     def load_state(self, path: str | os.PathLike) -> None:
-        self.trainer.load_state(Path(path))
+        self.trainer.load_state(self._state_path(path))
+
+    def _state_path(self, path: str | os.PathLike, create: bool = False) -> Path:
+        if self.tp_rank is None:
+            return Path(path)
+        if create:
+            Path(path).mkdir(parents=True, exist_ok=True)
+        return Path(path) / f"tp_rank{self.tp_rank}.pt"
 
     def pid(self) -> int:
         return os.getpid()

@@ -363,3 +363,15 @@ def test_release_memory_needs_a_shared_device(tmp_path):
 def test_zero_settings_are_checked(tmp_path, overrides, path, shown):
     msg = refused(write(tmp_path, MINIMAL), overrides)
     assert f": {path}: " in msg and shown in msg, msg
+
+
+@pytest.mark.parametrize("overrides, path, shown", [
+    (("model.tp_size=0",), "model.tp_size", "must be >= 1"),
+    (("model.tp_size=2", "ray.mode=inline"), "model.tp_size", "needs ray.mode: ray"),
+    (("model.tp_size=2", "run.arm=stock"), "model.tp_size", "the stock arm trains with transformers' own model"),
+    (("model.tp_size=2", "train.zero_stage=2", "train.num_gpus=2"), "model.tp_size", "not built yet"),
+    (("model.tp_size=2", "ray.weight_sync=collective"), "ray.weight_sync", "use auto or host"),
+])
+def test_tensor_parallel_settings_are_checked(tmp_path, overrides, path, shown):
+    msg = refused(write(tmp_path, MINIMAL), overrides)
+    assert f": {path}: " in msg and shown in msg, msg

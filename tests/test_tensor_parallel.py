@@ -36,11 +36,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _init(rank: int, world: int, port: int) -> None:
+def _init(rank: int, world: int, port: int, device: str = "cpu") -> None:
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
 
 
 def _spawn(fn, world: int, *args) -> None:
@@ -116,7 +118,7 @@ def _prompts() -> list[list[int]]:
     return [torch.randint(0, 300, (int(n),), generator=g).tolist() for n in torch.randint(5, 21, (6,), generator=g)]
 
 
-def _model_rank(rank: int, world: int, port: int, path: str, arm: str, out: str) -> None:
+def _model_rank(rank: int, world: int, port: int, path: str, arm: str, out: str, device: str = "cpu") -> None:
     import torch.distributed as dist
     from detent_rl.kernels.selections import KernelSelections
     from detent_rl.models import ModelConfig, deployment_for, load_model
@@ -124,14 +126,15 @@ def _model_rank(rank: int, world: int, port: int, path: str, arm: str, out: str)
     from detent_rl.models.runner import completion_logprobs
     from detent_rl.rollout.engine import Engine
     from detent_rl.rollout.sequence import SamplingParams
-    _init(rank, world, port)
+    _init(rank, world, port, device)
     tp = TensorParallel.from_group()
     config = ModelConfig.from_file(Path(path))
     selections = KernelSelections(deployment_for(config, torch.bfloat16, tp_size=world, **LIMITS), arm)
-    model = load_model(path, selections, dtype=torch.bfloat16, tp=tp)
+    model = load_model(path, selections, device=f"cuda:{rank}" if device == "cuda" else "cpu",
+                       dtype=torch.bfloat16, tp=tp)
     prompts = _prompts()
     params = [SamplingParams(seed=i, temperature=1.0, max_tokens=6) for i in range(len(prompts))]
-    engine = Engine(model, num_blocks=64, cuda_graphs=False)
+    engine = Engine(model, num_blocks=64, cuda_graphs=device == "cuda")  # graphs capture the collectives
     batch = engine.generate(prompts, params)
     alone = [engine.generate([p], [s])[0] for p, s in zip(prompts, params)]
     seqs = [(s.tokens, s.num_prompt) for s in batch]
@@ -143,10 +146,10 @@ def _model_rank(rank: int, world: int, port: int, path: str, arm: str, out: str)
         **train,
         "tokens": [s.tokens for s in batch],
         "alone_equal": [a.tokens == b.tokens and a.logprobs == b.logprobs for a, b in zip(alone, batch)],
-        "rescored_equal": [torch.equal(t, torch.tensor(s.logprobs, dtype=torch.float32))
+        "rescored_equal": [torch.equal(t.cpu(), torch.tensor(s.logprobs, dtype=torch.float32))
                            for t, s in zip(rescored, batch)],
-        "rescored": [t.tolist() for t in rescored],
-        "logits": logits.tolist(),
+        "rescored": [t.cpu().tolist() for t in rescored],
+        "logits": logits.cpu().tolist(),
     }
     Path(out, f"rank{rank}.json").write_text(json.dumps(report))
     dist.barrier()
@@ -157,7 +160,7 @@ def _digest(params) -> str:
     import hashlib
     h = hashlib.sha256()
     for p in params:
-        h.update(p.detach().float().numpy().tobytes())
+        h.update(p.detach().float().cpu().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -182,7 +185,7 @@ def _train_two_steps(engine, model, prompts, out: str, rank: int) -> dict:
         if step == 2:
             trainer.save_state(Path(out) / f"ckpt{rank}")
         stats, seen = trainer.train_checked(samples)
-        report["train_equal"].append([torch.equal(t, torch.tensor(s.rollout_logprobs, dtype=torch.float32))
+        report["train_equal"].append([torch.equal(t.cpu(), torch.tensor(s.rollout_logprobs, dtype=torch.float32))
                                       for t, s in zip(seen, samples)])
         report["digests"].append(_digest(trainer.params))
         report["replicated"].append(_digest([p for p in trainer.params if not is_sharded(p)]))
@@ -254,3 +257,54 @@ def test_a_two_rank_model_samples_and_rescores_the_same_bits(tmp_path, arm):
     else:
         assert not all(r["rescored_equal"]), "control: the stock arm's rescoring should miss the rollout's bits"
         assert not all(x for step in r["train_equal"] for x in step)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arm", ["detent", "stock"])
+def test_two_gpus_sample_and_rescore_the_same_bits(tmp_path, arm):
+    """The same on two GPUs: NCCL, the Triton kernels, the decode steps as CUDA graphs that capture the
+    collectives. Control: the stock arm (cuBLAS, the all-reduce by message size) misses the bits."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs (the device's nvidia-h200-x2 kind)")
+    path = save(hf_model("qwen2", **WIDE), tmp_path / "wide")
+    _spawn(_model_rank, 2, str(path), arm, str(tmp_path), "cuda")
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert reports[0]["tokens"] == reports[1]["tokens"] and reports[0]["rescored"] == reports[1]["rescored"]
+    r = reports[0]
+    flags = [*r["alone_equal"], *r["rescored_equal"], *(x for step in r["train_equal"] for x in step)]
+    if arm == "detent":
+        assert all(flags), r
+    else:
+        assert not all(r["rescored_equal"]), "control: the stock arm's rescoring should miss the rollout's bits"
+
+
+# ----------------------------------------------------------------------------------------------
+# The run loop: model.tp_size 2 (Ray actors on the CPU)
+# ----------------------------------------------------------------------------------------------
+def test_a_run_over_two_tp_ranks_is_bit_equal_and_resumes_to_the_same_bits(tmp_path):
+    """The driver with `model.tp_size: 2`: one engine and the trainer, each two Ray actors in their own
+    gloo group; every step bit-equal with KL 0 (GRPO's rescore and the bit-check on both trainer ranks),
+    each trainer rank's part synced to its engine rank and checked there; a run resumed from its step-3
+    checkpoint (a state file per rank) repeats steps 4-6 exactly. A model whose heads do not divide is
+    refused in one line before any worker starts."""
+    from test_train import _driver, _lines, _recipe
+    tp = ("model.tp_size=2", "ray.num_cpus=4")
+    whole = tmp_path / "whole"
+    _driver(_recipe(tmp_path, whole), *tp)
+    rows = _lines(whole, "metrics.jsonl")
+    assert sorted(rows) == [1, 2, 3, 4, 5, 6]
+    assert all(r["bit_match"] == 1.0 and r["kl_k1"] == 0.0 for r in rows.values()), rows
+    digests = [r["weights_digest"] for r in rows.values()]
+    assert len(set(digests)) == 6 and all(len(d.split(",")) == 2 for d in digests)  # a part per rank, moving
+    workers = json.loads((whole / "workers.json").read_text())
+    assert len(workers["rollout"]) == len(workers["trainer"]) == 2
+    assert sorted(p.name for p in (whole / "checkpoints" / "step_000003" / "trainer.pt").iterdir()) == \
+        ["tp_rank0.pt", "tp_rank1.pt"]
+    resumed = tmp_path / "resumed"
+    _driver(_recipe(tmp_path, resumed), *tp, "--resume", str(whole / "checkpoints" / "step_000003"))
+    again = _lines(resumed, "metrics.jsonl")
+    for step in (4, 5, 6):
+        assert again[step]["weights_digest"] == rows[step]["weights_digest"], step
+        assert again[step]["bit_match"] == 1.0
+    bad = _driver(_recipe(tmp_path, tmp_path / "bad"), "model.tp_size=3", "ray.num_cpus=6", rc=2)
+    assert "model.tp_size: 3" in bad.err and "num_attention_heads (4) does not divide over 3" in bad.err, bad.err
