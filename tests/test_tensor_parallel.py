@@ -287,7 +287,7 @@ def test_a_run_over_two_tp_ranks_is_bit_equal_and_resumes_to_the_same_bits(tmp_p
     each trainer rank's part synced to its engine rank and checked there; a run resumed from its step-3
     checkpoint (a state file per rank) repeats steps 4-6 exactly. A model whose heads do not divide is
     refused in one line before any worker starts."""
-    from test_train import _driver, _lines, _recipe
+    from test_train import _driver, _lines, _recipe, assert_resume_repeats
     tp = ("model.tp_size=2", "ray.num_cpus=4")
     whole = tmp_path / "whole"
     _driver(_recipe(tmp_path, whole), *tp)
@@ -300,11 +300,6 @@ def test_a_run_over_two_tp_ranks_is_bit_equal_and_resumes_to_the_same_bits(tmp_p
     assert len(workers["rollout"]) == len(workers["trainer"]) == 2
     assert sorted(p.name for p in (whole / "checkpoints" / "step_000003" / "trainer.pt").iterdir()) == \
         ["tp_rank0.pt", "tp_rank1.pt"]
-    resumed = tmp_path / "resumed"
-    _driver(_recipe(tmp_path, resumed), *tp, "--resume", str(whole / "checkpoints" / "step_000003"))
-    again = _lines(resumed, "metrics.jsonl")
-    for step in (4, 5, 6):
-        assert again[step]["weights_digest"] == rows[step]["weights_digest"], step
-        assert again[step]["bit_match"] == 1.0
+    assert_resume_repeats(tmp_path, whole, rows, *tp)
     bad = _driver(_recipe(tmp_path, tmp_path / "bad"), "model.tp_size=3", "ray.num_cpus=6", rc=2)
     assert "model.tp_size: 3" in bad.err and "num_attention_heads (4) does not divide over 3" in bad.err, bad.err

@@ -58,6 +58,17 @@ def _lines(run_dir: Path, name: str) -> dict[int, dict]:
     return {r["step"]: {k: v for k, v in r.items() if k not in TIMING} for r in rows}
 
 
+def assert_resume_repeats(tmp: Path, whole: Path, rows: dict[int, dict], *extra: str) -> None:
+    """A run resumed from `whole`'s step-3 checkpoint (recipe overrides `extra`) repeats its steps 4-6:
+    the same weight digests, every step bit-equal."""
+    resumed = tmp / "resumed"
+    _driver(_recipe(tmp, resumed), *extra, "--resume", str(whole / "checkpoints" / "step_000003"))
+    again = _lines(resumed, "metrics.jsonl")
+    for step in (4, 5, 6):
+        assert again[step]["weights_digest"] == rows[step]["weights_digest"], step
+        assert again[step]["bit_match"] == 1.0
+
+
 def test_detent_run_is_bit_equal_stock_stops_with_a_report_and_inline_equals_ray(tmp_path):
     ray_run, inline, stock = tmp_path / "ray", tmp_path / "inline", tmp_path / "stock"
     _driver(_recipe(tmp_path, ray_run), "train.steps=2", "checkpoint.every=0")

@@ -115,7 +115,7 @@ def test_a_zero2_run_of_two_trainer_ranks_is_bit_equal_and_resumes_to_the_same_b
     on the ranks), the weights broadcast from rank 0 to the engine by the collective sync (its own
     process group beside the ranks' default one), and a run resumed from its step-3 DeepSpeed
     checkpoint repeats steps 4-6 exactly."""
-    from test_train import _driver, _lines, _recipe
+    from test_train import _driver, _lines, _recipe, assert_resume_repeats
     zero = ("train.zero_stage=2", "train.num_gpus=2", "ray.num_cpus=3", "ray.weight_sync=collective")
     whole = tmp_path / "whole"
     _driver(_recipe(tmp_path, whole), *zero)
@@ -127,9 +127,4 @@ def test_a_zero2_run_of_two_trainer_ranks_is_bit_equal_and_resumes_to_the_same_b
     assert transport == {"collective"}
     placed = json.loads((whole / "workers.json").read_text())["placement"]
     assert len(placed["trainer"]) == 2 and [b["CPU"] for b in placed["bundles"]] == [3.0]
-    resumed = tmp_path / "resumed"
-    _driver(_recipe(tmp_path, resumed), *zero, "--resume", str(whole / "checkpoints" / "step_000003"))
-    again = _lines(resumed, "metrics.jsonl")
-    for step in (4, 5, 6):
-        assert again[step]["weights_digest"] == rows[step]["weights_digest"], step
-        assert again[step]["bit_match"] == 1.0
+    assert_resume_repeats(tmp_path, whole, rows, *zero)
