@@ -51,6 +51,7 @@ class _Linear(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
         x, w = ctx.saved_tensors
+        g = g.to(x.dtype)  # an fp32 output (a TP partial, `out_dtype`) takes its gradient in the compute dtype
         # CPU 16-bit matmuls are an order of magnitude slower than fp32 ones: compute there in fp32
         up = (lambda t: t.float()) if not g.is_cuda and g.dtype != torch.float32 else (lambda t: t)
         gx = (up(g) @ up(w)).to(x.dtype) if ctx.needs_input_grad[0] else None

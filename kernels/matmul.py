@@ -134,13 +134,16 @@ def check_operands(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, chunk: int, parallel: bool,
            block_m: int, block_n: int, block_k: int, group_m: int = 8, num_warps: int = 4,
-           num_stages: int = 3, flat: bool = False, wgmma: bool = False) -> torch.Tensor:
+           num_stages: int = 3, flat: bool = False, wgmma: bool = False,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """`x @ w.T + bias` for x [M, K], w [N, K]: K cut into `chunk`-element chunks (what fixes the
     bits; `chunk >= K` is one chunk), computed by the parallel or the sequential schedule with the
     given tile (free per call: neither changes a row's bits). `flat` runs the sequential schedule as
     one loop over all K blocks that folds each chunk's sum into the total at the chunk's end (one
     software pipeline instead of one per chunk; the same fp32 operations). Not in the selection's
-    schedule table yet: bench/matmul_sweep.py --flat measures it first."""
+    schedule table yet: bench/matmul_sweep.py --flat measures it first. `out_dtype` torch.float32 keeps
+    the fp32 sum unrounded (a row-parallel rank's partial, which the TP-invariant fold adds to its peers'
+    in chunk order: models/parallel.py); default x's dtype."""
     check_operands(x, w, bias)
     assert chunk > 0 and block_m > 0 and block_n > 0 and block_k > 0
     assert chunk % block_k == 0, f"chunk {chunk} must be whole BLOCK_K {block_k} blocks"
@@ -150,20 +153,22 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         # one dot that accumulates onto it (`dot(a, b, 0) + t -> dot(a, b, t)`): other bits (312 of
         # 622,592 outputs differed on the H200). Two blocks per chunk keep the chunk's own sum.
         block_k //= 2
-    if wgmma and x.is_cuda and (not parallel or chunk >= x.shape[1]) and wgmma_applies(x, w, block_k):
+    out_dtype = out_dtype or x.dtype
+    if (wgmma and out_dtype == x.dtype and x.is_cuda and (not parallel or chunk >= x.shape[1])
+            and wgmma_applies(x, w, block_k)):
         return linear_wgmma(x, w, bias, chunk=chunk, block_k=block_k, group_m=group_m, num_buffers=num_stages,
                             pdl=pdl(x)["PDL"])
     if x.is_cuda or interpreting():
         return _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps,
-                              num_stages, flat)
-    return _linear_cpu(x, w, bias, chunk)
+                              num_stages, flat, out_dtype)
+    return _linear_cpu(x, w, bias, chunk, out_dtype)
 
 
 def _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps, num_stages,
-                   flat=False):
+                   flat=False, out_dtype=None):
     M, K = x.shape
     N = w.shape[0]
-    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     if M == 0:
         return out
     chunks = triton.cdiv(K, chunk)
@@ -194,7 +199,8 @@ def combine_splits(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tenso
 CPU_BLOCK_M = 16  # the CPU path's fixed row tile: torch's CPU fp32 matmul reads M
 
 
-def _linear_cpu(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, chunk: int) -> torch.Tensor:
+def _linear_cpu(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, chunk: int,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """The same fp32 operations on fixed-shape row tiles, rounded once to x's dtype (as the Triton
     kernel's fp32 accumulator is): per tile, one batched matmul gives every chunk's sum, added in chunk
     order. 16-bit CPU matmuls are also an order of magnitude slower than fp32 ones."""
@@ -214,7 +220,7 @@ def _linear_cpu(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, chu
             total = total + parts[c]
         if b is not None:
             total = total + b
-        tiles.append(total.to(x.dtype))
+        tiles.append(total.to(out_dtype or x.dtype))
     return torch.cat(tiles)[:M]
 
 

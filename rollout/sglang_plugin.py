@@ -57,7 +57,8 @@ What it pins now:
   constructor and dispatch (tests/test_sglang_allreduce.py); no multi-GPU run yet.
 
 The trainer's side of the attention is `rollout/sglang_attention.py` (SGLang's two kernels, each row
-the way the rollout computed it). Not yet: the rest of the trainer's kernel set (linears, norms, the LM head as SGLang's model runs them) and `rollout.backend: sglang`
+the way the rollout computed it). Not yet: the rest of the trainer's kernel set (linears, norms, the LM
+head as SGLang's model runs them) and `rollout.backend: sglang`
 (see the issue tracker).
 """
 from __future__ import annotations

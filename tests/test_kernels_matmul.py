@@ -145,3 +145,17 @@ print("BAD", bad)
     out = run_interpreted(code)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "BAD []" in out.stdout, out.stdout
+
+
+def test_rank_partials_folded_in_order_are_the_one_gpu_linear_cpu():
+    """The CPU path of tests/test_kernels_matmul_gpu.py's test of the same name (TP-invariant mode's sum)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(40, 1024, generator=g).to(torch.bfloat16)
+    w = (torch.randn(512, 1024, generator=g) * 0.05).to(torch.bfloat16)
+    b = torch.randn(512, generator=g).to(torch.bfloat16)
+    one = linear(x, w, b, chunk=512, parallel=False, block_m=16, block_n=64, block_k=64)
+    parts = [linear(x[:, r * 512:(r + 1) * 512].contiguous(), w[:, r * 512:(r + 1) * 512].contiguous(), None,
+                    chunk=512, parallel=False, block_m=16, block_n=64, block_k=64, out_dtype=torch.float32)
+             for r in range(2)]
+    assert torch.equal(((parts[0] + parts[1]) + b.float()).to(torch.bfloat16), one)
+    assert not torch.equal((parts[0].to(torch.bfloat16) + parts[1].to(torch.bfloat16)) + b, one)  # rounded first

@@ -137,3 +137,20 @@ def test_wgmma_sequential_form_keeps_the_bits(n, k, bias):
         outs[chunk] = ref
     assert not bad, "the warpgroup-MMA kernel changed rows:\n" + "\n".join(bad)
     assert not torch.equal(outs[128], outs[1 << 20]), "control: another partition must round differently"
+
+
+@pytest.mark.parametrize("n, k", [(896, 4864), (1536, 1536), (1536, 8960)], ids=["down05", "o15", "down15"])
+def test_rank_partials_folded_in_order_are_the_one_gpu_linear(n, k):
+    """TP-invariant mode's row-parallel sum (models/parallel.py): K cut in two; each half's unrounded fp32
+    sum (`out_dtype=torch.float32`, one chunk) added in order, then the bias, then one rounding, equals
+    the one-GPU linear whose chunk is K / 2, in both schedules. (1.5B's down at K / 2 = 4,480.)"""
+    x, w, b = _data(n, k, True, torch.bfloat16, 512)
+    half = k // 2
+    for parallel, bm, bn in ((True, 16, 64), (False, 128, 128)):
+        one = linear(x, w, b, chunk=half, parallel=parallel, block_m=bm, block_n=bn, block_k=64)
+        parts = [linear(x[:, r * half:(r + 1) * half].contiguous(), w[:, r * half:(r + 1) * half].contiguous(),
+                        None, chunk=half, parallel=parallel, block_m=bm, block_n=bn, block_k=64,
+                        out_dtype=torch.float32) for r in range(2)]
+        assert parts[0].dtype == torch.float32
+        folded = ((parts[0] + parts[1]) + b.float()).to(torch.bfloat16)
+        assert torch.equal(folded, one), (parallel, (folded != one).sum().item())

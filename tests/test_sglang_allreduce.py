@@ -152,7 +152,8 @@ def test_the_group_refuses_an_all_reduce_that_would_skip_the_pin(sglang_ar):
     build, calls = sglang_ar
     comm = build(4)
     x = torch.empty(8, HIDDEN, dtype=torch.bfloat16, device="meta")  # a device tensor (not the CPU path)
-    group = SimpleNamespace(world_size=4, unique_name="tp:0", ca_comm=None, pymscclpp_comm=None, _fi_workspace_hint=None)
+    group = SimpleNamespace(world_size=4, unique_name="tp:0", ca_comm=None, pymscclpp_comm=None,
+                            _fi_workspace_hint=None)
     with pytest.raises(P.SGLangPluginError, match="without SGLang's custom all-reduce v2"):
         GroupCoordinator.all_reduce(group, x)  # SGLang's method, the plugin's check in front of it
     group.ca_comm, group.pymscclpp_comm = comm, object()

@@ -259,6 +259,66 @@ def test_a_two_rank_model_samples_and_rescores_the_same_bits(tmp_path, arm):
         assert not all(x for step in r["train_equal"] for x in step)
 
 
+# ----------------------------------------------------------------------------------------------
+# Bits equal across TP degrees (TensorParallel.invariant with matching commitment tuples)
+# ----------------------------------------------------------------------------------------------
+ALIGNED = dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
+               num_key_value_heads=2)  # each rank's K of o_proj (256) and down_proj (512): whole 128-chunks
+
+
+def _rollout(model, prompts) -> list:
+    from detent_rl.rollout.engine import Engine
+    from detent_rl.rollout.sequence import SamplingParams
+    engine = Engine(model, num_blocks=64, cuda_graphs=False)
+    params = [SamplingParams(seed=i, temperature=1.0, max_tokens=6) for i in range(len(prompts))]
+    seqs = engine.generate(prompts, params)
+    return [(s.tokens, s.num_prompt, s.logprobs) for s in seqs]
+
+
+def _invariant_rank(rank: int, world: int, port: int, path: str, invariant: bool, one_gpu: list, out: str) -> None:
+    import torch.distributed as dist
+    from detent_rl.kernels.selections import KernelSelections
+    from detent_rl.models import ModelConfig, deployment_for, load_model
+    from detent_rl.models.parallel import TensorParallel
+    from detent_rl.models.runner import completion_logprobs
+    from detent_rl.models.tp_invariant import tp_invariant_commitments
+    _init(rank, world, port)
+    config = ModelConfig.from_file(Path(path))
+    deployment = deployment_for(config, torch.bfloat16, tp_size=world, **LIMITS)
+    tuple_ = tp_invariant_commitments(config, torch.bfloat16, world, **LIMITS)[1] if invariant else None
+    model = load_model(path, KernelSelections(deployment, "detent", tuple_), dtype=torch.bfloat16,
+                       tp=TensorParallel.from_group(invariant=invariant))
+    rolled = _rollout(model, _prompts())
+    with torch.no_grad():  # the one-GPU rollout, rescored over the ranks
+        rescored = completion_logprobs(model, [(t, n) for t, n, _ in one_gpu], [1.0] * len(one_gpu))
+    report = {"rollout_equal": rolled == [tuple(x) for x in one_gpu],
+              "rescored_equal": [torch.equal(r, torch.tensor(lp)) for r, (_, _, lp) in zip(rescored, one_gpu)]}
+    Path(out, f"inv{int(invariant)}_rank{rank}.json").write_text(json.dumps(report))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_tp_invariant_mode_gives_one_gpus_bits(tmp_path):
+    """With `tp_invariant_commitments`' pair of tuples and `TensorParallel(invariant=True)`, two ranks
+    sample exactly one GPU's tokens and logprobs, and rescore a one-GPU rollout bit for bit. Control: the
+    default TP mode (bf16 partials summed) misses them."""
+    from detent_rl.kernels.selections import KernelSelections
+    from detent_rl.models import ModelConfig, deployment_for, load_model
+    from detent_rl.models.tp_invariant import tp_invariant_commitments
+    path = save(hf_model("qwen2", **ALIGNED), tmp_path / "aligned")
+    config = ModelConfig.from_file(path)
+    one_tuple = tp_invariant_commitments(config, torch.bfloat16, 2, **LIMITS)[0]
+    one = load_model(str(path), KernelSelections(deployment_for(config, torch.bfloat16, **LIMITS), "detent",
+                                                 one_tuple), dtype=torch.bfloat16)
+    one_gpu = _rollout(one, _prompts())
+    for invariant in (True, False):
+        _spawn(_invariant_rank, 2, str(path), invariant, one_gpu, str(tmp_path))
+    reports = {inv: [json.loads((tmp_path / f"inv{inv}_rank{r}.json").read_text()) for r in range(2)] for inv in (0, 1)}
+    assert reports[1][0] == reports[1][1]
+    assert reports[1][0]["rollout_equal"] and all(reports[1][0]["rescored_equal"]), reports[1][0]
+    assert not reports[0][0]["rollout_equal"] and not any(reports[0][0]["rescored_equal"]), reports[0][0]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("arm", ["detent", "stock"])
 def test_two_gpus_sample_and_rescore_the_same_bits(tmp_path, arm):

@@ -76,17 +76,28 @@ class Linear(nn.Module):
             self._reduce = selections.get("allreduce")
         self._select = selections.get("matmul", n=out_features, k=in_features)
         self._stock = selections.arm in ("stock", "corun")
+        if parallel == "row" and tp.invariant:
+            if self._stock:
+                raise ValueError("TP-invariant row-parallel sums need the pinned linear (the stock arm's is cuBLAS)")
+            chunk = self._select(1).chunk  # pinned: the same for every M
+            if chunk < in_features:
+                raise ValueError(f"TP-invariant mode: the row-parallel linear (n={out_features}, k={in_features} per "
+                                 f"rank) is cut into chunks of {chunk}; each rank's K must be one chunk (pin it, "
+                                 f"tp_invariant_commitments)")
 
-    def _linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor, bias: torch.Tensor | None, **extra) -> torch.Tensor:
         if self._stock:  # the stock arm: what a stock engine runs (cuBLAS picks its algorithm by shape)
             return stock_linear(x, self.weight, bias)
-        return linear_autograd(x, self.weight, bias, launch_params(self._select(x.shape[0])))
+        return linear_autograd(x, self.weight, bias, {**launch_params(self._select(x.shape[0])), **extra})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.parallel is None:
             return self._linear(x, self.bias)
         if self.parallel == "column":
             return self._linear(copy_to_ranks(x, self.tp, self._reduce), self.bias)
+        if self.tp.invariant:  # the one-GPU chunk fold: fp32 partials in rank order, bias, one rounding
+            y = reduce_from_ranks(self._linear(x, None, out_dtype=torch.float32), self.tp, None)
+            return (y if self.bias is None else y + self.bias.float()).to(x.dtype)
         y = reduce_from_ranks(self._linear(x, None), self.tp, self._reduce)
         return y if self.bias is None else y + self.bias
 

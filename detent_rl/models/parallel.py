@@ -16,6 +16,9 @@ and whether a CUDA graph is being captured): pinned in the detent and det arms, 
 the stock arm. Row-parallel partials are rounded to the model dtype before the sum (as the
 all-reduce of Megatron, SGLang and vLLM carries them), so a TP run's bits differ from one GPU's;
 within one TP degree every token's bits are the same whatever the batch (tests/test_tensor_parallel.py).
+`TensorParallel.invariant` instead keeps the partials in fp32 and adds them in rank order — the
+one-GPU linear's own chunk fold — so that with matching K partitions (`models/tp_invariant.py`) the
+bits are one GPU's.
 
 In the backward: the gradient of a column-parallel layer's input is summed over the ranks (the same
 pinned all-reduce), a row-parallel output's gradient is every rank's already, and the gathered
@@ -34,21 +37,28 @@ from detent_rl.kernels.allreduce import all_gather, all_reduce
 
 @dataclass(frozen=True, eq=False)
 class TensorParallel:
-    """This process's place in a tensor-parallel group: rank `rank` of `size` (group None: the default one)."""
+    """This process's place in a tensor-parallel group: rank `rank` of `size` (group None: the default one).
+
+    `invariant`: the row-parallel sums are the one-GPU linear's own chunk fold — each rank's partial
+    kept in fp32 (one K chunk per rank), the partials added in rank order, the bias, one rounding —
+    so with K partitions committed to match (`tp_invariant_commitments`) the model's bits equal one
+    GPU's: a TP trainer rescores a one-GPU rollout, or the other way round. Its messages are fp32
+    (twice the bytes), summed in rank order whatever the all-reduce site selects."""
     rank: int
     size: int
     group: Optional[dist.ProcessGroup] = None
+    invariant: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.size:
             raise ValueError(f"tensor-parallel rank {self.rank} outside 0..{self.size - 1}")
 
     @classmethod
-    def from_group(cls, group: Optional[dist.ProcessGroup] = None) -> "TensorParallel":
+    def from_group(cls, group: Optional[dist.ProcessGroup] = None, invariant: bool = False) -> "TensorParallel":
         """This process's rank in `group` (torch.distributed's default group when None)."""
         if not dist.is_initialized():
             raise RuntimeError("tensor parallelism needs torch.distributed initialised (init_process_group)")
-        return cls(dist.get_rank(group), dist.get_world_size(group), group)
+        return cls(dist.get_rank(group), dist.get_world_size(group), group, invariant)
 
     def part(self, n: int, what: str) -> int:
         """n / size: one rank's share of `what`, which must divide evenly."""
@@ -97,7 +107,10 @@ def _in_graph(x: torch.Tensor) -> bool:
 
 
 def reduce_sum(x: torch.Tensor, tp: TensorParallel, select: Any) -> torch.Tensor:
-    """The sum of x over the ranks by the site's selected algorithm."""
+    """The sum of x over the ranks by the site's selected algorithm (`select` None: in rank order, the
+    TP-invariant fold)."""
+    if select is None:
+        return all_reduce(x, "one_shot_push", tp.group)
     algorithm = select(x.numel() * x.element_size(), _in_graph(x)).algorithm
     return all_reduce(x, algorithm, tp.group)
 
