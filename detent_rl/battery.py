@@ -45,6 +45,7 @@ from detent_rl.models.config import ModelConfig, ModelConfigError
 from detent_rl.models.gguf import GGUFError, ModelFetchError
 from detent_rl.models.loader import WeightsError, load_model
 from detent_rl.models.model import CausalLM
+from detent_rl.models.parallel import TensorParallel
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
 
@@ -81,9 +82,11 @@ def model_config(model: str) -> ModelConfig:
     return ModelConfig.from_file(checkpoint_dir(model))
 
 
-def open_model(model: str, arm: str, device: str, dtype: torch.dtype) -> CausalLM:
-    """`model`'s checkpoint (a built-in's or a directory) loaded for `arm`, on `device` in `dtype`."""
-    return load_model(checkpoint_dir(model), arm, device, dtype, page_size=PAGE_SIZE)
+def open_model(model: str, arm: str, device: str, dtype: torch.dtype, tp: Optional[TensorParallel] = None
+               ) -> CausalLM:
+    """`model`'s checkpoint (a built-in's or a directory) loaded for `arm`, on `device` in `dtype` (this
+    rank's part with `tp`)."""
+    return load_model(checkpoint_dir(model), arm, device, dtype, page_size=PAGE_SIZE, tp=tp)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,6 +295,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1; 0 keeps torch's default)")
     ap.add_argument("--seed", type=int, default=0,
                     help="seed of the cells' prompts (a built-in's weights are fixed by its name)")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="tensor-parallel ranks (processes; gloo on cpu, NCCL and a GPU each on cuda): every rank "
+                    "runs every cell in step, rank 0 reports (default 1)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     ap.add_argument("--list", action="store_true", help="list the cells and exit")
     args = ap.parse_args(argv)
@@ -312,16 +318,60 @@ def _main(args: argparse.Namespace) -> int:
         return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         raise BatteryError("--device cuda: no CUDA device is available")
+    if args.tp < 1:
+        raise BatteryError(f"--tp {args.tp}: at least one rank")
+    if args.tp > 1:
+        if args.device == "cuda" and torch.cuda.device_count() < args.tp:
+            raise BatteryError(f"--tp {args.tp} on cuda: a GPU per rank, and this machine has "
+                               f"{torch.cuda.device_count()}")
+        checkpoint_dir(args.model)  # made or converted once, before the ranks read it
+        return _spawn_ranks(args, arms, cells)
+    return _run(args, arms, cells)
+
+
+def _spawn_ranks(args: argparse.Namespace, arms: list[str], cells: list[Cell]) -> int:
+    """`_run` on `args.tp` ranks in step (each its own process and part of the model); rank 0's status."""
+    import socket
+    import tempfile
+    import torch.multiprocessing as mp
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_rank, args=(args, arms, cells, port, tmp), nprocs=args.tp, join=True)
+        return int(Path(tmp, "status").read_text())
+
+
+def _rank(rank: int, args: argparse.Namespace, arms: list[str], cells: list[Cell], port: int, tmp: str) -> None:
+    import os
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if args.device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=rank, world_size=args.tp)
+    if rank != 0:  # rank 0 reports
+        sys.stdout = open(os.devnull, "w")
+    try:
+        status = _run(args, arms, cells, TensorParallel.from_group())
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        Path(tmp, "status").write_text(str(status))
+
+
+def _run(args: argparse.Namespace, arms: list[str], cells: list[Cell], tp: Optional[TensorParallel] = None) -> int:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     dtype_name = args.dtype or ("fp32" if args.device == "cpu" else "bf16")
-    print(f"battery: {args.model} on {args.device} in {dtype_name}, {len(cells)} cells x {len(MODES)} modes, "
+    device = f"cuda:{tp.rank}" if tp is not None and args.device == "cuda" else args.device
+    over = f" over {tp.size} tensor-parallel ranks" if tp is not None else ""
+    print(f"battery: {args.model} on {args.device}{over} in {dtype_name}, {len(cells)} cells x {len(MODES)} modes, "
           f"arms {', '.join(arms)}")
     print(header())
     results, summary = [], []
     for arm in arms:
         start = time.perf_counter()
-        model = open_model(args.model, arm, args.device, DTYPES[dtype_name])
+        model = open_model(args.model, arm, device, DTYPES[dtype_name], tp)
         battery = Battery(model, args.step_tokens, args.seed)
         arm_results = []
         arm_cells = [c for c in cells if not (arm == CORUN and c.group == "prefix")]  # no prefix cache
@@ -336,9 +386,10 @@ def _main(args: argparse.Namespace) -> int:
         results += arm_results
     print("\n".join(summary))
     ok, why = verdict(results)
-    if args.json:
+    if args.json and (tp is None or tp.rank == 0):
         write_text(args.json, json.dumps({
             "model": args.model, "device": args.device, "dtype": dtype_name, "arms": arms,
+            "tp": tp.size if tp is not None else 1,
             "cells": [{"name": c.name, "group": c.group, "what": c.what} for c in cells],
             "results": [asdict(r) | {"passed": r.passed} for r in results], "summary": summary,
             "verdict": {"ok": ok, "why": why}}, indent=1))

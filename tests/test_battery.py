@@ -211,3 +211,21 @@ def test_gpu_battery_bf16(model):
         assert _failures(results) == {}, arm
     stock = B.run_battery(B.open_model(model, "stock", "cuda", torch.bfloat16), cells)
     assert _failures(stock), "negative control: stock selection must change the target's bits"
+
+
+def test_cli_over_two_tensor_parallel_ranks(tmp_path):
+    """`--tp 2`: every rank runs the cells in step (gloo), rank 0 reports; detent passes, stock fails.
+    (Run in a subprocess: the ranks are spawned processes.)"""
+    import subprocess
+    import sys
+    out = tmp_path / "tp.json"
+    run = subprocess.run([sys.executable, "-m", "detent_rl.battery", "--tp", "2", "--arm", "stock,detent",
+                          "--cells", "cobatch-budget,rescore", "--json", str(out)], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "over 2 tensor-parallel ranks" in run.stdout and run.stdout.count("verdict: OK") == 1
+    data = json.loads(out.read_text())
+    assert data["tp"] == 2
+    passed = {(r["arm"], r["cell"]): r["passed"] for r in data["results"]}
+    assert passed[("detent", "cobatch-budget")] and passed[("detent", "rescore")]
+    assert not passed[("stock", "cobatch-budget")]
