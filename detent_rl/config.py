@@ -384,9 +384,6 @@ def _validate(r: Recipe, ctx: Context) -> Recipe:
         if tr.zero_stage is not None:
             raise ctx.error("model.tp_size", "with train.zero_stage: tensor parallelism inside ZeRO's data "
                                              "parallelism is not built yet; use one of them")
-        if r.ray.weight_sync not in ("auto", "host"):
-            raise ctx.error("ray.weight_sync", f"{r.ray.weight_sync} with model.tp_size {m.tp_size}: each trainer rank's "
-                                               f"part goes to its engine ranks by host copies for now; use auto or host")
     if r.rollout.release_memory and r.ray.mode == "ray" and r.ray.placement != "colocated":
         raise ctx.error("rollout.release_memory", "frees the engines' memory for a trainer on the same device; "
                                                   "with ray.placement: disaggregated they share none")

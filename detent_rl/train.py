@@ -153,30 +153,35 @@ def sync_transport(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup) -
     the engine takes the trainer's device tensors ("device"); Ray actors on one GPU (the same device
     UUID) pass CUDA IPC handles ("ipc"), and the engine copies device to device; on other GPUs a
     broadcast from the trainer ("collective", NCCL); on the CPU host copies through Ray ("host").
-    A collective's group is formed here, once for the run."""
+    A collective's group is formed here, once for the run. With tensor parallelism each trainer rank r
+    sends its part to rank r of every engine, by the same rules applied rank by rank (a broadcast group
+    per rank: trainer rank r and every engine's rank r)."""
     if recipe.ray.mode == "inline":
         return "device"
-    if recipe.model.tp_size > 1:  # each trainer rank's part to its engine ranks (config.py allows no other)
-        return "host"
-    mine = trainer.call("device_uuid")[0]
-    theirs = rollout.call("device_uuid")
-    shared = mine is not None and all(u == mine for u in theirs)
+    tp = recipe.model.tp_size
+    mine, theirs = trainer.call("device_uuid"), rollout.call("device_uuid")
+    peers = [mine[j % tp] if tp > 1 else mine[0] for j in range(len(theirs))]  # each engine worker's sender
+    shared = None not in peers and all(u == p for u, p in zip(theirs, peers))
     # a broadcast group: every rank on its own GPU (NCCL), or all on the CPU (gloo)
-    distinct = None not in (mine, *theirs) and len({mine, *theirs}) == len(theirs) + 1
-    on_cpu = mine is None and all(u is None for u in theirs)
+    senders = mine if tp > 1 else mine[:1]
+    distinct = None not in (*senders, *theirs) and len({*senders, *theirs}) == len(theirs) + len(senders)
+    on_cpu = all(u is None for u in (*senders, *theirs))
     transport = recipe.ray.weight_sync
     if transport == "auto":
         transport = "ipc" if shared else "collective" if distinct else "host"
     if transport == "ipc" and not shared:
-        raise RecipeError(f"{recipe.source}: ray.weight_sync: ipc needs the trainer and every engine on one GPU")
+        raise RecipeError(f"{recipe.source}: ray.weight_sync: ipc needs each engine on its trainer rank's GPU")
     if transport == "collective" and not (distinct or on_cpu):
         raise RecipeError(f"{recipe.source}: ray.weight_sync: collective needs every engine and the trainer on a "
                           f"GPU of its own, or all on the CPU")
-    if transport == "collective":  # the trainer's rank 0 and every engine
-        address = trainer.call("sync_address")[0]
-        world = len(rollout) + 1
-        handles = rank0(trainer, "join_sync_group", address, 0, world)
-        joined = rollout.async_each("join_sync_group", [(address, i + 1, world) for i in range(len(rollout))])
+    if transport == "collective":  # per TP rank r: the trainer's rank r (the sender) and every engine's rank r
+        engines = len(rollout) // tp
+        addresses = trainer.get(trainer.async_each("sync_address", [() for _ in range(tp)] +
+                                                   [None] * (len(trainer) - tp)))
+        handles = trainer.async_each("join_sync_group", [(addresses[r], 0, engines + 1) for r in range(tp)] +
+                                     [None] * (len(trainer) - tp))
+        joined = rollout.async_each("join_sync_group", [(addresses[j % tp], j // tp + 1, engines + 1)
+                                                        for j in range(len(rollout))])
         gather((trainer, handles), (rollout, joined))
     return transport
 
@@ -186,23 +191,21 @@ def sync_weights(rollout: WorkerGroup, trainer: WorkerGroup, transport: str, tp:
     update_weights`); the digest's hex (with `tp` ranks, each rank's part's, joined by commas).
     `transport`: `sync_transport`'s choice. A collective sync sends the manifest (names, shapes,
     digest) first, then the broadcast, which both sides enter at once."""
+    senders = tp if tp > 1 else 1  # trainer ranks that hold weights to send (a ZeRO group's rank 0 alone)
+    others = [None] * (len(trainer) - senders)
     if transport == "collective":
-        (manifest,) = trainer.get(rank0(trainer, "weights_manifest"))
-        sending = rank0(trainer, "broadcast_weights")
-        received = rollout.async_call("receive_weights", manifest)
+        manifests = trainer.get(trainer.async_each("weights_manifest", [()] * senders + others))
+        sending = trainer.async_each("broadcast_weights", [()] * senders + others)
+        received = rollout.async_each("receive_weights", [(manifests[j % senders],) for j in range(len(rollout))])
         _, digests = gather((trainer, sending), (rollout, received))  # a dead engine reported at once
-        (digest,) = set(digests)
-        return digest
-    if tp > 1:  # tensor-parallel ranks: trainer rank r's part to rank r of every engine
-        parts = trainer.async_call("weights", transport)
-        digests = rollout.get(rollout.async_each("update_weights", [(parts[j % tp],) for j in range(len(rollout))]))
-        by_rank = [sorted(set(digests[r::tp])) for r in range(tp)]
-        if any(len(d) != 1 for d in by_rank):
-            raise RuntimeError(f"weight sync: the engines' ranks hold different weights: {by_rank}")
-        return ",".join(d[0] for d in by_rank)
-    (digest,) = set(rollout.call("update_weights", *rank0(trainer, "weights", transport)))
-    return digest
-
+    else:
+        parts = trainer.async_each("weights", [(transport,)] * senders + others)
+        digests = rollout.get(rollout.async_each("update_weights", [(parts[j % senders],)
+                                                                    for j in range(len(rollout))]))
+    by_rank = [sorted(set(digests[r::senders])) for r in range(senders)]
+    if any(len(d) != 1 for d in by_rank):
+        raise RuntimeError(f"weight sync: engines hold different weights after the sync: {by_rank}")
+    return ",".join(d[0] for d in by_rank)
 
 
 def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: WorkerGroup, tasks: list[Task],

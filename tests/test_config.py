@@ -370,7 +370,6 @@ def test_zero_settings_are_checked(tmp_path, overrides, path, shown):
     (("model.tp_size=2", "ray.mode=inline"), "model.tp_size", "needs ray.mode: ray"),
     (("model.tp_size=2", "run.arm=stock"), "model.tp_size", "the stock arm trains with transformers' own model"),
     (("model.tp_size=2", "train.zero_stage=2", "train.num_gpus=2"), "model.tp_size", "not built yet"),
-    (("model.tp_size=2", "ray.weight_sync=collective"), "ray.weight_sync", "use auto or host"),
 ])
 def test_tensor_parallel_settings_are_checked(tmp_path, overrides, path, shown):
     msg = refused(write(tmp_path, MINIMAL), overrides)

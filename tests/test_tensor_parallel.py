@@ -344,16 +344,19 @@ def test_two_gpus_sample_and_rescore_the_same_bits(tmp_path, arm):
 def test_a_run_over_two_tp_ranks_is_bit_equal_and_resumes_to_the_same_bits(tmp_path):
     """The driver with `model.tp_size: 2`: one engine and the trainer, each two Ray actors in their own
     gloo group; every step bit-equal with KL 0 (GRPO's rescore and the bit-check on both trainer ranks),
-    each trainer rank's part synced to its engine rank and checked there; a run resumed from its step-3
-    checkpoint (a state file per rank) repeats steps 4-6 exactly. A model whose heads do not divide is
-    refused in one line before any worker starts."""
+    each trainer rank's part broadcast to its engine rank (a sync group per TP rank) and checked there; a
+    run resumed from its step-3 checkpoint (a state file per rank), syncing by host copies instead,
+    repeats steps 4-6 exactly. A model whose heads do not divide is refused in one line before any
+    worker starts."""
     from test_train import _driver, _lines, _recipe, assert_resume_repeats
     tp = ("model.tp_size=2", "ray.num_cpus=4")
     whole = tmp_path / "whole"
-    _driver(_recipe(tmp_path, whole), *tp)
+    _driver(_recipe(tmp_path, whole), *tp, "ray.weight_sync=collective")
     rows = _lines(whole, "metrics.jsonl")
     assert sorted(rows) == [1, 2, 3, 4, 5, 6]
     assert all(r["bit_match"] == 1.0 and r["kl_k1"] == 0.0 for r in rows.values()), rows
+    transport = {json.loads(x)["weight_sync"] for x in (whole / "metrics.jsonl").read_text().splitlines()}
+    assert transport == {"collective"}
     digests = [r["weights_digest"] for r in rows.values()]
     assert len(set(digests)) == 6 and all(len(d.split(",")) == 2 for d in digests)  # a part per rank, moving
     workers = json.loads((whole / "workers.json").read_text())
