@@ -11,7 +11,8 @@
 #   bash bench/grpo_gpu.sh run NAME RECIPE [key=value...]
 #                                                python -m detent_rl.train RECIPE in <home>/runs/NAME,
 #                                                then its report; the run (no checkpoints) comes back
-#                                                as $OUT/NAME.tgz
+#                                                as $OUT/NAME.tgz. RAY_MODE=ray runs it on a local Ray
+#                                                (carried: bench/multi_gpu_wheels.sh); default inline
 set -uo pipefail
 root=$(pwd)
 home=${DETENT_DEVICE_HOME:-$HOME/detent}
@@ -57,7 +58,8 @@ run)
     dir=$home/runs/$name
     rm -rf "$dir" && mkdir -p "$dir"
     start=$(date +%s)
-    timeout "${RUN_TIMEOUT:-0}" python3 -P -m detent_rl.train "$recipe" run.dir="$dir" ray.mode=inline checkpoint.every=0 \
+    timeout "${RUN_TIMEOUT:-0}" python3 -P -m detent_rl.train "$recipe" run.dir="$dir" ray.mode="${RAY_MODE:-inline}" \
+        checkpoint.every="${CHECKPOINT_EVERY:-0}" \
         log.progress=false log.tensorboard=$tb "$@" 2>&1 | tee "$dir/train.log"
     status=${PIPESTATUS[0]}
     echo "== $name: exit $status, $(( $(date +%s) - start )) s wall" | tee -a "$dir/train.log"

@@ -98,19 +98,16 @@ def placement_bundles(recipe: Recipe, device: str) -> tuple[list[dict], tuple[in
                                                                float]:
     """(bundles, each engine worker's bundle, each trainer rank's bundle, GPUs an engine worker takes, GPUs a
     trainer rank takes) of `ray.placement`: colocated, one bundle holds the engines and the trainer (on a
-    GPU the trainer takes half, the engines share the other half; with tensor parallelism one such bundle
-    per TP rank, a GPU each, holding that rank of every engine and of the trainer); disaggregated, a
-    bundle (a whole GPU) each."""
-    (engines, ranks), tp = group_sizes(recipe), recipe.model.tp_size
+    GPU the trainer takes half, the engines share the other half; with several trainer ranks, ZeRO's or
+    TP's, one such bundle per rank, a GPU each, the engine workers dealt over them: under TP rank r of
+    every engine shares GPU r with trainer rank r); disaggregated, a bundle (a whole GPU) each."""
+    engines, ranks = group_sizes(recipe)
     gpu = device == "cuda"
-    if recipe.ray.placement == "colocated" and gpu and tp > 1:
-        per = recipe.rollout.num_engines
-        return ([{"CPU": float(per + 1), "GPU": 1.0} for _ in range(tp)], tuple(j % tp for j in range(engines)),
-                tuple(range(tp)), 0.5 / per, 0.5)
     if recipe.ray.placement == "colocated":
-        if gpu and ranks > 1:
-            raise RecipeError(f"{recipe.source}: train.num_gpus: {ranks} trainer ranks are a GPU each; "
-                              f"ray.placement: colocated puts the engines and the trainer on one (use disaggregated)")
+        if gpu and ranks > 1:  # a GPU per trainer rank (ZeRO or TP), the engine workers dealt over them
+            per = -(-engines // ranks)  # (TP: rank r of every engine on GPU r)
+            return ([{"CPU": float(per + 1), "GPU": 1.0} for _ in range(ranks)],
+                    tuple(j % ranks for j in range(engines)), tuple(range(ranks)), 0.5 / per, 0.5)
         bundle = {"CPU": float(engines + ranks), **({"GPU": 1.0} if gpu else {})}
         return [bundle], (0,) * engines, (0,) * ranks, (0.5 / engines if gpu else 0.0), (0.5 if gpu else 0.0)
     bundle = {"CPU": 1.0, **({"GPU": 1.0} if gpu else {})}

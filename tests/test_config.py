@@ -374,3 +374,20 @@ def test_zero_settings_are_checked(tmp_path, overrides, path, shown):
 def test_tensor_parallel_settings_are_checked(tmp_path, overrides, path, shown):
     msg = refused(write(tmp_path, MINIMAL), overrides)
     assert f": {path}: " in msg and shown in msg, msg
+
+
+@pytest.mark.parametrize("overrides, bundles, engines, trainer, fractions", [
+    ((), [{"CPU": 2.0, "GPU": 1.0}], (0,), (0,), (0.5, 0.5)),
+    (("rollout.num_engines=2",), [{"CPU": 3.0, "GPU": 1.0}], (0, 0), (0,), (0.25, 0.5)),
+    # two ZeRO ranks, a GPU each, an engine beside each
+    (("train.zero_stage=2", "train.num_gpus=2", "rollout.num_engines=2"), [{"CPU": 2.0, "GPU": 1.0}] * 2, (0, 1),
+     (0, 1), (0.5, 0.5)),
+    # TP 2, two engines: rank r of each engine and of the trainer on GPU r
+    (("model.tp_size=2", "rollout.num_engines=2"), [{"CPU": 3.0, "GPU": 1.0}] * 2, (0, 1, 0, 1), (0, 1),
+     (0.25, 0.5)),
+    (("model.tp_size=2", "ray.placement=disaggregated"), [{"CPU": 1.0, "GPU": 1.0}] * 4, (0, 1), (2, 3), (1.0, 1.0)),
+])
+def test_gpu_placement_bundles(tmp_path, overrides, bundles, engines, trainer, fractions):
+    from detent_rl.setup import placement_bundles
+    got = placement_bundles(load_recipe(write(tmp_path, MINIMAL), overrides), "cuda")
+    assert got == (bundles, engines, trainer, *fractions)
