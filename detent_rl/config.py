@@ -57,13 +57,17 @@ class RunSection:
 @dataclass(frozen=True)
 class ModelSection:
     path: Optional[str] = None  # HF checkpoint directory (config.json + safetensors)
-    builtin: Optional[Literal["tiny", "smollm2-135m-instruct", "qwen2-0.5b", "qwen2-1.5b"]] = None  # or a named one
+    builtin: Optional[Literal["tiny", "tiny-qwen2", "smollm2-135m-instruct", "qwen2-0.5b", "qwen2-1.5b"]] = None  # or a named one
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     max_context: int = 1024  # prompt + completion tokens the engine admits per sequence
     commitment: Optional[str] = None  # commitment-tuple JSON from the tuner; None: the arm's defaults
-    # tensor-parallel ranks of each engine and of the trainer (heads, MLP width and vocabulary cut over
-    # them; models/parallel.py): one degree for both, as bits differ across degrees
+    # tensor-parallel ranks of the trainer and, unless rollout.tp_size says otherwise, of each engine (heads,
+    # MLP width and vocabulary cut over them; models/parallel.py)
     tp_size: int = 1
+    # bits equal across degrees (models/tp_invariant.py): fp32 row-parallel partials folded in rank order and
+    # K partitions committed to match one GPU's; lets the engines and the trainer run different degrees
+    # (one of them 1). The detent arm's; the tuples are derived, so model.commitment stays null
+    tp_invariant: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,7 @@ class RolloutSection:
     # colocated: free the engines' KV cache while the trainer updates (the decode graphs, which hold its
     # addresses, are captured again as their sizes recur); the same bits either way
     release_memory: bool = False
+    tp_size: Optional[int] = None  # tensor-parallel ranks of each engine; null: model.tp_size
 
 
 @dataclass(frozen=True)
@@ -280,6 +285,7 @@ _BOUNDS = (
     ("train.micro_batch_size", _positive, "must be >= 1"),
     ("train.num_gpus", _positive, "must be >= 1"),
     ("model.tp_size", _positive, "must be >= 1"),
+    ("rollout.tp_size", lambda v: v is None or v >= 1, "must be >= 1 or null"),
     ("train.max_tokens_per_micro_batch", lambda v: v is None or v >= 1, "must be >= 1 or null"),
     ("train.updates_per_batch", _positive, "must be >= 1"),
     ("train.loss.clip_low", lambda v: 0 <= v < 1, "must be in [0, 1) (the ratio floor is 1 - clip_low)"),
@@ -375,15 +381,33 @@ def _validate(r: Recipe, ctx: Context) -> Recipe:
             raise ctx.error("train.zero_stage", "the ZeRO ranks are Ray actors: it needs ray.mode: ray")
         if r.run.arm == "stock":
             raise ctx.error("train.zero_stage", "the stock arm trains with transformers' own trainer; leave it null")
-    if m.tp_size > 1:
+    ro_tp = r.rollout.tp_size or m.tp_size
+    if max(m.tp_size, ro_tp) > 1:
+        key = "model.tp_size" if m.tp_size > 1 else "rollout.tp_size"
+        degree = max(m.tp_size, ro_tp)
         if r.ray.mode != "ray":
-            raise ctx.error("model.tp_size", f"{m.tp_size} ranks are Ray actors (a process each): it needs ray.mode: ray")
+            raise ctx.error(key, f"{degree} ranks are Ray actors (a process each): it needs ray.mode: ray")
         if r.run.arm == "stock":
-            raise ctx.error("model.tp_size", "the stock arm trains with transformers' own model on one device; "
-                                             "tensor parallelism runs the detent, det and corun arms")
+            raise ctx.error(key, "the stock arm trains with transformers' own model on one device; "
+                                 "tensor parallelism runs the detent, det and corun arms")
         if tr.zero_stage is not None:
-            raise ctx.error("model.tp_size", "with train.zero_stage: tensor parallelism inside ZeRO's data "
-                                             "parallelism is not built yet; use one of them")
+            raise ctx.error(key, "with train.zero_stage: tensor parallelism inside ZeRO's data "
+                                 "parallelism is not built yet; use one of them")
+    if ro_tp != m.tp_size:
+        if not m.tp_invariant:
+            raise ctx.error("rollout.tp_size", f"{ro_tp} engine ranks against model.tp_size {m.tp_size} trainer ranks: "
+                                               f"bits differ across degrees unless model.tp_invariant: true")
+        if min(ro_tp, m.tp_size) != 1:
+            raise ctx.error("rollout.tp_size", f"{ro_tp} engine ranks against {m.tp_size} trainer ranks: bits equal "
+                                               f"across degrees between one GPU and N ranks only")
+    if m.tp_invariant:
+        if max(m.tp_size, ro_tp) == 1:
+            raise ctx.error("model.tp_invariant", "needs tensor parallelism (model.tp_size or rollout.tp_size > 1)")
+        if r.run.arm != "detent":
+            raise ctx.error("model.tp_invariant", f"commits the detent arm's K partitions; the run's arm is {r.run.arm}")
+        if m.commitment is not None:
+            raise ctx.error("model.tp_invariant", "derives its commitment tuples (models/tp_invariant.py); "
+                                                  "leave model.commitment null")
     if r.rollout.release_memory and r.ray.mode == "ray" and r.ray.placement != "colocated":
         raise ctx.error("rollout.release_memory", "frees the engines' memory for a trainer on the same device; "
                                                   "with ray.placement: disaggregated they share none")

@@ -3,7 +3,7 @@ reward, the two workers' model spec, and the two worker groups (Ray actors or in
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,7 +24,8 @@ class RunSetup:
     device: str
     checkpoint: Path
     tokenizer: Tokenizer
-    spec: ModelSpec
+    spec: ModelSpec  # the trainer's
+    rollout_spec: ModelSpec  # each engine's (its tensor-parallel degree may differ)
     train_tasks: list[Task]
     eval_tasks: list[Task]
     prompts: dict[str, list[int]]  # task id -> prompt tokens
@@ -65,14 +66,17 @@ def prepare(recipe: Recipe) -> RunSetup:
                      max_context=m.max_context, max_batch=max(ro.max_num_seqs, tr.micro_batch_size, batch, 8),
                      max_num_tokens=max(2048, tr.max_tokens_per_micro_batch or tr.micro_batch_size * m.max_context,
                                         m.max_context, ro.chunk_size),
-                     commitment=m.commitment, threads=1 if device == "cpu" else 0, tp_size=m.tp_size)
-    try:
-        spec.check()
-    except ValueError as e:  # the model does not cut over model.tp_size ranks
-        if m.tp_size == 1:
-            raise
-        raise RecipeError(f"{recipe.source}: model.tp_size: {m.tp_size}: {e}") from None
-    return RunSetup(device, checkpoint, tokenizer, spec, train_tasks, eval_tasks, prompts, load_reward(d.reward))
+                     commitment=m.commitment, threads=1 if device == "cpu" else 0, tp_size=m.tp_size,
+                     tp_invariant_with=max(m.tp_size, rollout_tp(recipe)) if m.tp_invariant else 0)
+    rollout_spec = replace(spec, tp_size=rollout_tp(recipe))
+    for s, key in ((spec, "model.tp_size"), (rollout_spec, "rollout.tp_size")):
+        try:
+            s.check()
+        except ValueError as e:  # the model does not cut over that many ranks (or not invariantly)
+            if s.tp_size == 1 and not m.tp_invariant:
+                raise
+            raise RecipeError(f"{recipe.source}: {key}: {s.tp_size}: {e}") from None
+    return RunSetup(device, checkpoint, tokenizer, spec, rollout_spec, train_tasks, eval_tasks, prompts, load_reward(d.reward))
 
 
 def _check_ray_resources(recipe: Recipe, need: dict, have: dict) -> None:
@@ -88,10 +92,15 @@ def _check_ray_resources(recipe: Recipe, need: dict, have: dict) -> None:
 PLACEMENT_TIMEOUT = 120.0  # s to wait for the placement group's bundles before giving up with the cluster's resources
 
 
+def rollout_tp(recipe: Recipe) -> int:
+    """Each engine's tensor-parallel degree: rollout.tp_size, else model.tp_size."""
+    return recipe.rollout.tp_size or recipe.model.tp_size
+
+
 def group_sizes(recipe: Recipe) -> tuple[int, int]:
     """(rollout workers, trainer workers): each engine's and the trainer's ranks are workers of their group."""
     tp = recipe.model.tp_size
-    return recipe.rollout.num_engines * tp, (tp if tp > 1 else recipe.train.num_gpus)
+    return recipe.rollout.num_engines * rollout_tp(recipe), (tp if tp > 1 else recipe.train.num_gpus)
 
 
 def placement_bundles(recipe: Recipe, device: str) -> tuple[list[dict], tuple[int, ...], tuple[int, ...], float,
@@ -102,12 +111,14 @@ def placement_bundles(recipe: Recipe, device: str) -> tuple[list[dict], tuple[in
     TP's, one such bundle per rank, a GPU each, the engine workers dealt over them: under TP rank r of
     every engine shares GPU r with trainer rank r); disaggregated, a bundle (a whole GPU) each."""
     engines, ranks = group_sizes(recipe)
-    gpu = device == "cuda"
+    gpu, ro_tp = device == "cuda", rollout_tp(recipe)
     if recipe.ray.placement == "colocated":
-        if gpu and ranks > 1:  # a GPU per trainer rank (ZeRO or TP), the engine workers dealt over them
-            per = -(-engines // ranks)  # (TP: rank r of every engine on GPU r)
-            return ([{"CPU": float(per + 1), "GPU": 1.0} for _ in range(ranks)],
-                    tuple(j % ranks for j in range(engines)), tuple(range(ranks)), 0.5 / per, 0.5)
+        gpus = max(ranks, ro_tp)
+        if gpu and gpus > 1:  # a GPU per rank (ZeRO's or TP's): engine rank r on GPU r, or engines dealt over them
+            where = tuple(j % ro_tp if ro_tp > 1 else j % gpus for j in range(engines))
+            per = max(where.count(b) for b in range(gpus))
+            return ([{"CPU": float(where.count(b) + (b < ranks)), "GPU": 1.0} for b in range(gpus)], where,
+                    tuple(range(ranks)), 0.5 / per, 0.5)
         bundle = {"CPU": float(engines + ranks), **({"GPU": 1.0} if gpu else {})}
         return [bundle], (0,) * engines, (0,) * ranks, (0.5 / engines if gpu else 0.0), (0.5 if gpu else 0.0)
     bundle = {"CPU": 1.0, **({"GPU": 1.0} if gpu else {})}
@@ -154,11 +165,11 @@ def start_workers(recipe: Recipe, setup: RunSetup) -> tuple[WorkerGroup[RolloutW
         if not local:
             _check_ray_resources(recipe, need, ray.cluster_resources())
         pg = _placement_group(recipe, bundles)
-        return (WorkerGroup(RolloutWorker, setup.spec, recipe.rollout, size=len(engine_bundles),
+        return (WorkerGroup(RolloutWorker, setup.rollout_spec, recipe.rollout, size=len(engine_bundles),
                             ray=RayPlacement(num_cpus=1, num_gpus=engine_gpus, placement_group=pg,
                                              bundles=engine_bundles)),
                 WorkerGroup(TrainerWorker, setup.spec, recipe.train, size=len(trainer_bundles),
                             ray=RayPlacement(num_cpus=1, num_gpus=trainer_gpus, placement_group=pg,
                                              bundles=trainer_bundles)))
-    return (WorkerGroup(RolloutWorker, setup.spec, recipe.rollout, size=recipe.rollout.num_engines),
+    return (WorkerGroup(RolloutWorker, setup.rollout_spec, recipe.rollout, size=recipe.rollout.num_engines),
             WorkerGroup(TrainerWorker, setup.spec, recipe.train))  # (tensor parallelism needs Ray: config.py)

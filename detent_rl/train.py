@@ -36,7 +36,7 @@ from detent_rl.rewards import RewardError
 from detent_rl.rollout.sequence import SamplingParams, sample_seed
 from detent_rl.runlog import RunLog
 from detent_rl.selir.errors import SelIRError
-from detent_rl.setup import RunSetup, prepare, start_workers
+from detent_rl.setup import RunSetup, prepare, rollout_tp, start_workers
 from detent_rl.tokenizer import TokenizerError
 from detent_rl.trainer.grpo import group_advantages
 from detent_rl.trainer.trainer import Sample
@@ -88,7 +88,7 @@ def run(recipe: Recipe, resume: Optional[str] = None) -> int:
         transport = sync_transport(recipe, rollout, trainer)  # the workers' placement: fixed for the run
         sync_weights(rollout, trainer, transport, recipe.model.tp_size)  # both sides start from the same bits
         if recipe.run.arm != "stock":  # stock pins nothing: its selectors read the batch
-            record_commitment(run_dir, rollout, trainer)
+            record_commitment(run_dir, rollout, trainer, rollout_tp(recipe) == recipe.model.tp_size)
         with RunLog(run_dir, tensorboard=recipe.log.tensorboard, progress=recipe.log.progress, total_steps=steps,
                     start_step=step) as log:
             try:
@@ -134,18 +134,21 @@ def start_trainer_ranks(recipe: Recipe, trainer: WorkerGroup) -> None:
 
 
 def start_tp_groups(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup) -> None:
-    """With `model.tp_size` > 1: each engine's ranks and the trainer's ranks form their tensor-parallel
-    group (at the group's rank 0's address), then each rank loads its part of the model; all at once."""
-    tp = recipe.model.tp_size
-    if tp == 1:
-        return
-    engines = len(rollout) // tp
-    addresses = rollout.get(rollout.async_each("sync_address", [() if j % tp == 0 else None
-                                                                for j in range(len(rollout))]))
-    (trainer_address,) = trainer.get(rank0(trainer, "sync_address"))
-    started = rollout.async_each("start_tp", [(addresses[j // tp], j % tp, tp) for j in range(engines * tp)])
-    joined = trainer.async_each("start_tp", [(trainer_address, r, tp) for r in range(tp)])
-    gather((rollout, started), (trainer, joined))
+    """With tensor parallelism (`model.tp_size`, `rollout.tp_size`): each engine's ranks and the trainer's
+    ranks form their group (at the group's rank 0's address), then each rank loads its part of the model;
+    all at once."""
+    tp, ro_tp = recipe.model.tp_size, rollout_tp(recipe)
+    calls = []
+    if ro_tp > 1:
+        addresses = rollout.get(rollout.async_each("sync_address", [() if j % ro_tp == 0 else None
+                                                                    for j in range(len(rollout))]))
+        calls.append((rollout, rollout.async_each("start_tp", [(addresses[j // ro_tp], j % ro_tp, ro_tp)
+                                                               for j in range(len(rollout))])))
+    if tp > 1:
+        (address,) = trainer.get(rank0(trainer, "sync_address"))
+        calls.append((trainer, trainer.async_each("start_tp", [(address, r, tp) for r in range(tp)])))
+    if calls:
+        gather(*calls)
 
 
 def sync_transport(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup) -> str:
@@ -159,6 +162,12 @@ def sync_transport(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup) -
     if recipe.ray.mode == "inline":
         return "device"
     tp = recipe.model.tp_size
+    if rollout_tp(recipe) != tp:  # weights cut another way on each side: `RolloutWorker.reshard_weights`
+        if recipe.ray.weight_sync not in ("auto", "host"):
+            raise RecipeError(f"{recipe.source}: ray.weight_sync: {recipe.ray.weight_sync}: the engines' and the "
+                              f"trainer's tensor-parallel degrees differ, and their weights are recut from host "
+                              f"copies; use auto or host")
+        return "reshard"
     mine, theirs = trainer.call("device_uuid"), rollout.call("device_uuid")
     peers = [mine[j % tp] if tp > 1 else mine[0] for j in range(len(theirs))]  # each engine worker's sender
     shared = None not in peers and all(u == p for u, p in zip(theirs, peers))
@@ -193,6 +202,10 @@ def sync_weights(rollout: WorkerGroup, trainer: WorkerGroup, transport: str, tp:
     digest) first, then the broadcast, which both sides enter at once."""
     senders = tp if tp > 1 else 1  # trainer ranks that hold weights to send (a ZeRO group's rank 0 alone)
     others = [None] * (len(trainer) - senders)
+    if transport == "reshard":  # every trainer rank's part to every engine worker, recut there
+        parts = trainer.async_each("weights", [("host",)] * senders + others)
+        (digest,) = set(rollout.get(rollout.async_each("reshard_weights", [(senders, *parts)] * len(rollout))))
+        return digest
     if transport == "collective":
         manifests = trainer.get(trainer.async_each("weights_manifest", [()] * senders + others))
         sending = trainer.async_each("broadcast_weights", [()] * senders + others)
@@ -217,7 +230,7 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
                              top_p=ro.top_p, top_k=ro.top_k, max_tokens=ro.max_new_tokens,
                              stop_token_ids=tuple(setup.tokenizer.eos_token_ids)) for t, j in ids]
     outs = generate(rollout, GenerateRequest([setup.prompts[t.id] for t, _ in ids], params), ro.samples_per_prompt,
-                    recipe.model.tp_size)
+                    rollout_tp(recipe))
     if ro.release_memory:  # the trainer's update gets the engines' KV cache; the next generate takes it back
         rollout.call("release_memory")
     t_rollout = time.perf_counter() - t0
@@ -285,7 +298,7 @@ def evaluate(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup) -> float:
     greedy = SamplingParams(seed=0, temperature=0.0, max_tokens=recipe.rollout.max_new_tokens,
                             stop_token_ids=tuple(setup.tokenizer.eos_token_ids))
     outs = generate(rollout, GenerateRequest([setup.prompts[t.id] for t in tasks], [greedy] * len(tasks)),
-                    tp_size=recipe.model.tp_size)
+                    tp_size=rollout_tp(recipe))
     texts = [setup.tokenizer.decode(o.tokens[o.num_prompt:]) for o in outs]
     return sum(setup.reward(x, t) for x, t in zip(texts, tasks)) / len(tasks)
 
@@ -306,15 +319,26 @@ def record_workers(run_dir: Path, rollout: WorkerGroup, trainer: WorkerGroup) ->
     atomic.write_text(run_dir / "workers.json", json.dumps(record) + "\n")
 
 
-def record_commitment(run_dir: Path, rollout: WorkerGroup, trainer: WorkerGroup) -> None:
+TRAINER_COMMITMENT_FILE = "commitment_trainer.json"  # when the trainer's tensor-parallel degree is another
+
+
+def record_commitment(run_dir: Path, rollout: WorkerGroup, trainer: WorkerGroup, same_degree: bool = True) -> None:
     """Writes the resolved commitment tuple (every call site, defaults included) to the run directory;
-    every worker of both groups must run the same one."""
-    (rolled, *others), trained = rollout.call("commitment"), trainer.call("commitment")
-    for other in [*others, *trained]:
-        if other.sha256() != rolled.sha256():
-            raise SelIRError(f"the rollout and trainer workers resolved different commitment tuples "
-                             f"({rolled.sha256()[:12]} vs {other.sha256()[:12]}): their deployments differ")
+    every worker of both groups must run the same one. With `same_degree` False (`model.tp_invariant`,
+    engines and trainer cut over different numbers of ranks) each group runs its own tuple of the pair,
+    and the trainer's is written beside the engines' as TRAINER_COMMITMENT_FILE."""
+    (rolled, *others), (trained, *ranks) = rollout.call("commitment"), trainer.call("commitment")
+    groups = [(rolled, others + ([] if not same_degree else [trained, *ranks]))]
+    if not same_degree:
+        groups.append((trained, ranks))
+    for first, rest in groups:
+        for other in rest:
+            if other.sha256() != first.sha256():
+                raise SelIRError(f"the rollout and trainer workers resolved different commitment tuples "
+                                 f"({first.sha256()[:12]} vs {other.sha256()[:12]}): their deployments differ")
     rolled.save(run_dir / COMMITMENT_FILE)
+    if not same_degree:
+        trained.save(run_dir / TRAINER_COMMITMENT_FILE)
 
 
 def save_checkpoint(run_dir: Path, step: int, trainer: WorkerGroup, sampler: PromptSampler, keep: int) -> None:

@@ -17,6 +17,7 @@ part goes to rank r of every engine.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import sys
@@ -31,7 +32,9 @@ from detent_rl.ipc import CudaIpcTensors, device_uuid
 from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.models import load_model
 from detent_rl.models.model import CausalLM
+from detent_rl.models.config import ModelConfig
 from detent_rl.models.parallel import TensorParallel
+from detent_rl.models.tp_invariant import ShardLayout, tp_invariant_commitments
 from detent_rl.models.weights import WeightsDigest, weights_digest
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
@@ -64,17 +67,23 @@ class ModelSpec:
     max_num_tokens: int
     commitment: Optional[str] = None
     threads: int = 0  # CPU: torch threads in this worker (0 = leave torch's default)
-    tp_size: int = 1  # tensor-parallel ranks of each engine and of the trainer
+    tp_size: int = 1  # tensor-parallel ranks of this worker's model (the trainer's, or each engine's)
+    tp_invariant_with: int = 0  # > 1: bits equal between one GPU and this many ranks (models/tp_invariant.py)
 
     def load(self, device: Optional[str] = None, tp: Optional[TensorParallel] = None) -> CausalLM:
         """The model with its weights (this rank's part with `tp`); on device "meta" without them (what
-        `check` uses)."""
+        `check` uses). With `tp_invariant_with` the commitment is the matching tuple of the pair."""
         if self.device == "cpu" and self.threads and device != "meta":
             torch.set_num_threads(self.threads)
         if (tp.size if tp is not None else 1) != self.tp_size:
             raise ValueError(f"the spec's model is cut over {self.tp_size} tensor-parallel ranks; this load has "
                              f"{tp.size if tp is not None else 1}")
         commitment = CommitmentTuple.load(self.commitment) if self.commitment else None
+        if self.tp_invariant_with > 1:
+            pair = tp_invariant_commitments(ModelConfig.from_file(Path(self.path)), DTYPES[self.dtype],
+                                            self.tp_invariant_with, max_context=self.max_context,
+                                            max_batch=self.max_batch, max_num_tokens=self.max_num_tokens)
+            commitment = pair[0] if self.tp_size == 1 else pair[1]
         return load_model(self.path, self.arm, device=device or self.device, dtype=DTYPES[self.dtype],
                           commitment=commitment, max_context=self.max_context, max_batch=self.max_batch,
                           max_num_tokens=self.max_num_tokens, tp=tp)
@@ -83,7 +92,11 @@ class ModelSpec:
         """Builds the model's selections without weights, so a bad config or commitment tuple (another
         deployment, unknown sites, heads that do not divide over the TP ranks) fails here in the driver,
         in one line, before any worker starts."""
-        self.load(device="meta", tp=TensorParallel(0, self.tp_size) if self.tp_size > 1 else None)
+        self.load(device="meta", tp=self.meta_tp())
+
+    def meta_tp(self) -> Optional[TensorParallel]:
+        """A rank-0 stand-in of this spec's tensor parallelism (for models built without their group)."""
+        return TensorParallel(0, self.tp_size, invariant=self.tp_invariant_with > 1) if self.tp_size > 1 else None
 
 
 @dataclass(frozen=True)
@@ -148,7 +161,7 @@ def join_tp_group(spec: ModelSpec, address: str, rank: int, world: int) -> Tenso
         torch.cuda.set_device(0)  # Ray shows the actor its own GPU only
     dist.init_process_group("nccl" if spec.device == "cuda" else "gloo", init_method=f"tcp://{address}",
                             rank=rank, world_size=world, timeout=SYNC_TIMEOUT)
-    return TensorParallel.from_group()
+    return TensorParallel.from_group(invariant=spec.tp_invariant_with > 1)
 
 
 def sync_address() -> str:
@@ -248,6 +261,41 @@ class RolloutWorker:
                                f"tensor(s): {', '.join(bad[:8])}{' ...' if len(bad) > 8 else ''} (digest "
                                f"{got.hex} vs {update.digest.hex})")
         return got.hex
+
+    def reshard_weights(self, trainer_tp: int, *updates: WeightUpdate) -> str:
+        """The trainer's weights from a trainer of another tensor-parallel degree (`model.tp_invariant`): the
+        parts of its `trainer_tp` ranks joined into this one-GPU engine's whole weights, or a one-GPU
+        trainer's whole weights cut to this engine rank's part. Checked on both sides: each update's digest
+        over what arrived, then the trainer's digests over what the engine now holds (cut the trainer's
+        way). Returns the trainer's digest(s)."""
+        for u in updates:
+            if weights_digest(u.weights, u.digest.key) != u.digest:
+                raise RuntimeError("weight sync: an update's tensors differ from what the trainer digested")
+        if trainer_tp > 1:
+            layout = self._layout(trainer_tp)
+            self.engine.update_weights(layout.join([u.weights for u in updates]))
+            held = {n: p.detach() for n, p in self.model.named_parameters()}
+            bad = [r for r, u in enumerate(updates) if weights_digest(layout.split(held, r), u.digest.key) != u.digest]
+            if bad:
+                raise RuntimeError(f"weight sync: the engine's weights cut the trainer's way differ from trainer "
+                                   f"rank(s) {bad}'s")
+            return ",".join(u.digest.hex for u in updates)
+        (u,) = updates
+        part = ShardLayout(self.model).split(u.weights, self.model.tp.rank)
+        self.engine.update_weights(part)
+        if weights_digest(self.model, u.digest.key) != weights_digest(part, u.digest.key):
+            raise RuntimeError(f"weight sync: engine rank {self.model.tp.rank}'s weights differ from its part of "
+                               f"the trainer's")
+        return u.digest.hex
+
+    def _layout(self, size: int) -> ShardLayout:
+        """How a model of `size` ranks is cut (from one built on "meta", once)."""
+        if getattr(self, "_layouts", None) is None:
+            self._layouts: dict[int, ShardLayout] = {}
+        if size not in self._layouts:
+            other = dataclasses.replace(self.spec, tp_size=size)
+            self._layouts[size] = ShardLayout(other.load(device="meta", tp=other.meta_tp()))
+        return self._layouts[size]
 
     def join_sync_group(self, address: str, rank: int, world: int) -> None:
         self.sync_group = SyncGroup(address, rank, world, next(self.model.parameters()).device)

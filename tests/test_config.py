@@ -391,3 +391,19 @@ def test_gpu_placement_bundles(tmp_path, overrides, bundles, engines, trainer, f
     from detent_rl.setup import placement_bundles
     got = placement_bundles(load_recipe(write(tmp_path, MINIMAL), overrides), "cuda")
     assert got == (bundles, engines, trainer, *fractions)
+
+
+@pytest.mark.parametrize("overrides, path, shown", [
+    (("rollout.tp_size=0",), "rollout.tp_size", "must be >= 1 or null"),
+    (("rollout.tp_size=2",), "rollout.tp_size", "unless model.tp_invariant: true"),
+    (("model.tp_size=2", "rollout.tp_size=4", "model.tp_invariant=true"), "rollout.tp_size", "between one GPU and N"),
+    (("model.tp_invariant=true",), "model.tp_invariant", "needs tensor parallelism"),
+    (("model.tp_invariant=true", "model.tp_size=2", "run.arm=det"), "model.tp_invariant", "the run's arm is det"),
+    (("model.tp_invariant=true", "model.tp_size=2", "model.commitment=t.json"), "model.tp_invariant",
+     "leave model.commitment null"),
+    (("rollout.tp_size=2", "model.tp_invariant=true", "ray.mode=inline"), "rollout.tp_size", "needs ray.mode: ray"),
+])
+def test_tensor_parallel_degrees_are_checked(tmp_path, overrides, path, shown):
+    (tmp_path / "t.json").write_text("{}")  # exists: the refusal is tp_invariant's, not the path's
+    msg = refused(write(tmp_path, MINIMAL), overrides)
+    assert f": {path}: " in msg and shown in msg, msg

@@ -366,3 +366,44 @@ def test_a_run_over_two_tp_ranks_is_bit_equal_and_resumes_to_the_same_bits(tmp_p
     assert_resume_repeats(tmp_path, whole, rows, *tp)
     bad = _driver(_recipe(tmp_path, tmp_path / "bad"), "model.tp_size=3", "ray.num_cpus=6", rc=2)
     assert "model.tp_size: 3" in bad.err and "num_attention_heads (4) does not divide over 3" in bad.err, bad.err
+
+
+def test_the_shard_layout_cuts_and_joins_as_the_loaders_do(tmp_path):
+    """`ShardLayout` (what moves weights between degrees) against the loaders: each rank's part of a
+    checkpoint, loaded by its own loaders, is the layout's cut of the one-GPU model's weights, and the
+    parts join back into them (fused q/k/v and gate/up included)."""
+    from detent_rl.models import load_model
+    from detent_rl.models.parallel import TensorParallel
+    from detent_rl.models.tp_invariant import ShardLayout
+    path = save(hf_model("qwen2", **ALIGNED), tmp_path / "aligned")
+    whole = {n: p.detach() for n, p in load_model(str(path), "detent", **LIMITS).named_parameters()}
+    parts = []
+    for rank in range(2):
+        part_model = load_model(str(path), "detent", **LIMITS, tp=TensorParallel(rank, 2))
+        layout = ShardLayout(part_model)
+        loaded = {n: p.detach() for n, p in part_model.named_parameters()}
+        cut = layout.split(whole, rank)
+        assert list(cut) == list(loaded) and all(torch.equal(cut[n], loaded[n]) for n in loaded)
+        parts.append(loaded)
+    joined = layout.join(parts)
+    assert all(torch.equal(joined[n], whole[n]) for n in whole)
+
+
+def test_a_trainer_and_engines_of_different_degrees_keep_every_bit(tmp_path):
+    """`model.tp_invariant: true`: a two-rank trainer rescores and trains on a one-GPU engine's rollouts,
+    and a one-GPU trainer on a two-rank engine's, every step bit-equal with KL 0; the weights are recut
+    between the degrees and checked on the engines by the trainer's digests. Without tp_invariant such a
+    run is refused (bits differ across degrees: test_tp_invariant_mode_gives_one_gpus_bits' control)."""
+    from test_train import _driver, _lines, _recipe
+    base = ("model.builtin=tiny-qwen2", "train.steps=3", "checkpoint.every=0", "ray.num_cpus=4")
+    for trainer, engines in ((2, 1), (1, 2)):
+        run = tmp_path / f"t{trainer}e{engines}"
+        _driver(_recipe(tmp_path, run), *base, "model.tp_invariant=true", f"model.tp_size={trainer}",
+                f"rollout.tp_size={engines}")
+        rows = _lines(run, "metrics.jsonl")
+        assert sorted(rows) == [1, 2, 3]
+        assert all(r["bit_match"] == 1.0 and r["kl_k1"] == 0.0 for r in rows.values()), rows
+        assert len({r["weights_digest"] for r in rows.values()}) == 3
+        assert (run / "commitment_trainer.json").is_file()
+    refused = _driver(_recipe(tmp_path, tmp_path / "refused"), *base, "model.tp_size=2", "rollout.tp_size=1", rc=2)
+    assert "rollout.tp_size" in refused.err and "model.tp_invariant: true" in refused.err, refused.err

@@ -120,6 +120,8 @@ class MergedLinear(Linear):
             if p is not None:
                 p.weight_loader = self.load_shard
                 p.shard_ids = tuple(shards)
+                if tp is not None:  # this rank's rows of each shard, in shard order (models/tp_invariant.py)
+                    p.tp_rows = tuple(self.offsets.values())
 
     def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
         start, rows = self.offsets[shard_id]

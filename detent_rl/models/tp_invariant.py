@@ -28,7 +28,7 @@ from detent_rl.kernels.programs.matmul import CHUNK_ALIGN
 from detent_rl.kernels.selections import KernelSelections, site_key
 from detent_rl.models.config import ModelConfig
 from detent_rl.models.model import CausalLM, deployment_for
-from detent_rl.models.parallel import TensorParallel
+from detent_rl.models.parallel import TensorParallel, is_sharded
 
 
 def tp_invariant_commitments(config: ModelConfig, dtype: torch.dtype, tp_size: int,
@@ -74,3 +74,52 @@ def tp_invariant_commitments(config: ModelConfig, dtype: torch.dtype, tp_size: i
         else:
             raise ValueError(f"matmul site {key} of the {tp_size}-rank model matches no one-GPU site")
     return (CommitmentTuple(sites_one, asdict(one.deployment)), CommitmentTuple(sites_many, asdict(many.deployment)))
+
+
+class ShardLayout:
+    """How a model's parameters are cut over `size` tensor-parallel ranks (read off a model built at that
+    degree, on "meta" or not): `split` gives rank r's part of whole weights, `join` the whole weights of
+    every rank's part — what moves weights between a trainer and engines of different degrees."""
+
+    def __init__(self, model: CausalLM) -> None:
+        if model.tp is None:
+            raise ValueError("ShardLayout: the model is not cut over tensor-parallel ranks")
+        self.size = model.tp.size
+        self.specs: dict[str, tuple] = {}  # name -> () replicated | ("dim", d) | ("rows", ((start, rows), ...))
+        for name, p in model.named_parameters():
+            if not is_sharded(p):
+                self.specs[name] = ()
+            elif hasattr(p, "tp_rows"):
+                self.specs[name] = ("rows", p.tp_rows)
+            else:
+                self.specs[name] = ("dim", p.tp_dim)
+
+    def split(self, whole: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, spec in self.specs.items():
+            t = whole[name]
+            if not spec:
+                out[name] = t
+            elif spec[0] == "dim":
+                n = t.shape[spec[1]] // self.size
+                out[name] = t.narrow(spec[1], rank * n, n)
+            else:  # each shard's whole rows (rows * size), this rank's block of them
+                at, pieces = 0, []
+                for _, rows in spec[1]:
+                    pieces.append(t[at + rank * rows:at + (rank + 1) * rows])
+                    at += rows * self.size
+                out[name] = torch.cat(pieces)
+        return out
+
+    def join(self, parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        if len(parts) != self.size:
+            raise ValueError(f"ShardLayout.join: {len(parts)} parts for {self.size} ranks")
+        out = {}
+        for name, spec in self.specs.items():
+            if not spec:
+                out[name] = parts[0][name]
+            elif spec[0] == "dim":
+                out[name] = torch.cat([p[name] for p in parts], dim=spec[1])
+            else:
+                out[name] = torch.cat([p[name][start:start + rows] for start, rows in spec[1] for p in parts])
+        return out
