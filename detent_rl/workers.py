@@ -328,12 +328,12 @@ class RolloutWorker:
 
 class TrainerWorker:
     def __init__(self, spec: ModelSpec, train: TrainSection) -> None:
+        self.spec, self.train_section, self.tp_rank = spec, train, None
         if spec.arm == "stock":  # what a user runs instead: transformers' model, autocast, cuBLAS, SDPA
             self.model = spec.load(device="meta")  # the engine's layout, for the weights it is sent
             self.trainer: Trainer = StockTrainer(spec.path, self.model, train, spec.device, DTYPES[spec.dtype],
                                                  spec.max_num_tokens)
             return
-        self.spec, self.train_section, self.tp_rank = spec, train, None
         if spec.tp_size > 1:
             return  # `start_tp` builds this rank's part once every rank knows the group's address
         self.model = spec.load()
