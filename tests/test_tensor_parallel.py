@@ -346,8 +346,8 @@ def test_a_run_over_two_tp_ranks_is_bit_equal_and_resumes_to_the_same_bits(tmp_p
     gloo group; every step bit-equal with KL 0 (GRPO's rescore and the bit-check on both trainer ranks),
     each trainer rank's part broadcast to its engine rank (a sync group per TP rank) and checked there; a
     run resumed from its step-3 checkpoint (a state file per rank), syncing by host copies instead,
-    repeats steps 4-6 exactly. A model whose heads do not divide is refused in one line before any
-    worker starts."""
+    repeats steps 4-6 exactly. A model whose heads do not divide, or a degree the all-reduce has no
+    tables for, is refused in one line before any worker starts."""
     from test_train import _driver, _lines, _recipe, assert_resume_repeats
     tp = ("model.tp_size=2", "ray.num_cpus=4")
     whole = tmp_path / "whole"
@@ -364,8 +364,10 @@ def test_a_run_over_two_tp_ranks_is_bit_equal_and_resumes_to_the_same_bits(tmp_p
     assert sorted(p.name for p in (whole / "checkpoints" / "step_000003" / "trainer.pt").iterdir()) == \
         ["tp_rank0.pt", "tp_rank1.pt"]
     assert_resume_repeats(tmp_path, whole, rows, *tp)
-    bad = _driver(_recipe(tmp_path, tmp_path / "bad"), "model.tp_size=3", "ray.num_cpus=6", rc=2)
-    assert "model.tp_size: 3" in bad.err and "num_attention_heads (4) does not divide over 3" in bad.err, bad.err
+    bad = _driver(_recipe(tmp_path, tmp_path / "bad"), "model.tp_size=4", "ray.num_cpus=8", rc=2)
+    assert "model.tp_size: 4: num_key_value_heads" in bad.err and "(2) does not divide over 4" in bad.err, bad.err
+    bad = _driver(_recipe(tmp_path, tmp_path / "bad3"), "model.tp_size=3", "ray.num_cpus=6", rc=2)
+    assert "model.tp_size: 3" in bad.err and "tables for [2, 4, 8] ranks" in bad.err, bad.err
 
 
 def test_the_shard_layout_cuts_and_joins_as_the_loaders_do(tmp_path):

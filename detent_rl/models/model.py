@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from detent_rl.kernels.attention import pack_of
+from detent_rl.kernels.programs.allreduce import AR_CONFIGS
 from detent_rl.kernels.rotary import rope_cos_sin
 from detent_rl.kernels.selections import Deployment, KernelSelections
 from detent_rl.models.config import ModelConfig
@@ -95,6 +96,9 @@ class CausalLM(nn.Module):
         super().__init__()
         _check_deployment(config, selections.deployment, dtype)
         size = tp.size if tp is not None else 1
+        if size > 1 and size not in AR_CONFIGS:
+            raise ValueError(f"tensor parallelism over {size} ranks: the all-reduce's selection program has "
+                             f"tables for {sorted(AR_CONFIGS)} ranks")
         if selections.deployment.tp_size != size:
             raise ValueError(f"the kernel selections were solved for {selections.deployment.tp_size} tensor-parallel "
                              f"ranks, the model is built for {size}")
