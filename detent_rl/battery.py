@@ -331,24 +331,21 @@ def _main(args: argparse.Namespace) -> int:
 
 def _spawn_ranks(args: argparse.Namespace, arms: list[str], cells: list[Cell]) -> int:
     """`_run` on `args.tp` ranks in step (each its own process and part of the model); rank 0's status."""
-    import socket
     import tempfile
     import torch.multiprocessing as mp
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from detent_rl.weight_sync import sync_address
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_rank, args=(args, arms, cells, port, tmp), nprocs=args.tp, join=True)
+        mp.spawn(_rank, args=(args, arms, cells, sync_address(), tmp), nprocs=args.tp, join=True)
         return int(Path(tmp, "status").read_text())
 
 
-def _rank(rank: int, args: argparse.Namespace, arms: list[str], cells: list[Cell], port: int, tmp: str) -> None:
+def _rank(rank: int, args: argparse.Namespace, arms: list[str], cells: list[Cell], address: str, tmp: str) -> None:
     import os
     import torch.distributed as dist
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if args.device == "cuda":
         torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=rank, world_size=args.tp)
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", init_method=f"tcp://{address}", rank=rank,
+                            world_size=args.tp)
     if rank != 0:  # rank 0 reports
         sys.stdout = open(os.devnull, "w")
     try:

@@ -32,6 +32,7 @@ from typing import Any, Literal, Optional, Sequence
 import yaml
 
 from detent_rl import atomic
+from detent_rl.recipe_parallel import check_parallelism
 from detent_rl.recipe_schema import (Context, Loader, RecipeError, build, copy_raw, get_path, parse_overrides, plain,
                                      schema_fields, set_override, show)
 
@@ -61,12 +62,8 @@ class ModelSection:
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     max_context: int = 1024  # prompt + completion tokens the engine admits per sequence
     commitment: Optional[str] = None  # commitment-tuple JSON from the tuner; None: the arm's defaults
-    # tensor-parallel ranks of the trainer and, unless rollout.tp_size says otherwise, of each engine (heads,
-    # MLP width and vocabulary cut over them; models/parallel.py)
-    tp_size: int = 1
-    # bits equal across degrees (models/tp_invariant.py): fp32 row-parallel partials folded in rank order and
-    # K partitions committed to match one GPU's; lets the engines and the trainer run different degrees
-    # (one of them 1). The detent arm's; the tuples are derived, so model.commitment stays null
+    tp_size: int = 1  # tensor-parallel ranks of the trainer, and of each engine unless rollout.tp_size
+    # bits equal across TP degrees (models/tp_invariant.py), so engines and trainer may differ (one of them 1)
     tp_invariant: bool = False
 
 
@@ -102,9 +99,7 @@ class RolloutSection:
     num_blocks: Optional[int] = None  # KV-cache blocks; None: sized from free memory
     cuda_graphs: Literal["auto", "on", "off"] = "auto"  # decode graphs; auto: on on the GPU (every arm)
     num_engines: int = 1  # engine replicas (data parallel): each prompt's group on one, dealt round-robin
-    # colocated: free the engines' KV cache while the trainer updates (the decode graphs, which hold its
-    # addresses, are captured again as their sizes recur); the same bits either way
-    release_memory: bool = False
+    release_memory: bool = False  # colocated: the engines' KV cache freed during updates (graphs recaptured)
     tp_size: Optional[int] = None  # tensor-parallel ranks of each engine; null: model.tp_size
 
 
@@ -169,9 +164,8 @@ class RaySection:
     # process (one device, no Ray needed; the same calls, the same bits)
     mode: Literal["ray", "inline"] = "ray"
     address: Optional[str] = None  # None: honour RAY_ADDRESS, else start a local Ray
-    # where the workers run, as one Ray placement group: colocated, the engines and the trainer in one
-    # bundle (one GPU: the trainer half of it, the engines the other half); disaggregated, each engine
-    # and the trainer a bundle (a GPU) of its own
+    # one Ray placement group: colocated, engines and trainer share a bundle (a GPU per trainer rank, half
+    # each; setup.placement_bundles); disaggregated, each engine and trainer rank a bundle (a GPU) of its own
     placement: Literal["colocated", "disaggregated"] = "colocated"
     # how the weights reach the engines: auto (CUDA IPC on a shared GPU, a collective between GPUs, else
     # host copies through Ray), or one of host, ipc, collective (a torch.distributed broadcast from the
@@ -370,47 +364,7 @@ def _validate(r: Recipe, ctx: Context) -> Recipe:
                                            f"trainer's tensors in its own process); leave it auto")
     if r.ray.address is not None and not r.ray.address.strip():
         raise ctx.error("ray.address", "must not be empty (null: RAY_ADDRESS or a local Ray)")
-    tr = r.train
-    if tr.zero_stage not in (None, 2):
-        raise ctx.error("train.zero_stage", f"2 (DeepSpeed ZeRO-2) or null, got {show(tr.zero_stage)}: stage 3 "
-                                            f"gathers weights in module hooks the pinned forward does not run through")
-    if tr.num_gpus > 1 and tr.zero_stage is None:
-        raise ctx.error("train.num_gpus", f"{tr.num_gpus} trainer ranks need train.zero_stage: 2 (DeepSpeed ZeRO-2)")
-    if tr.zero_stage is not None:
-        if r.ray.mode != "ray":
-            raise ctx.error("train.zero_stage", "the ZeRO ranks are Ray actors: it needs ray.mode: ray")
-        if r.run.arm == "stock":
-            raise ctx.error("train.zero_stage", "the stock arm trains with transformers' own trainer; leave it null")
-    ro_tp = r.rollout.tp_size or m.tp_size
-    if max(m.tp_size, ro_tp) > 1:
-        key = "model.tp_size" if m.tp_size > 1 else "rollout.tp_size"
-        degree = max(m.tp_size, ro_tp)
-        if r.ray.mode != "ray":
-            raise ctx.error(key, f"{degree} ranks are Ray actors (a process each): it needs ray.mode: ray")
-        if r.run.arm == "stock":
-            raise ctx.error(key, "the stock arm trains with transformers' own model on one device; "
-                                 "tensor parallelism runs the detent, det and corun arms")
-        if tr.zero_stage is not None:
-            raise ctx.error(key, "with train.zero_stage: tensor parallelism inside ZeRO's data "
-                                 "parallelism is not built yet; use one of them")
-    if ro_tp != m.tp_size:
-        if not m.tp_invariant:
-            raise ctx.error("rollout.tp_size", f"{ro_tp} engine ranks against model.tp_size {m.tp_size} trainer ranks: "
-                                               f"bits differ across degrees unless model.tp_invariant: true")
-        if min(ro_tp, m.tp_size) != 1:
-            raise ctx.error("rollout.tp_size", f"{ro_tp} engine ranks against {m.tp_size} trainer ranks: bits equal "
-                                               f"across degrees between one GPU and N ranks only")
-    if m.tp_invariant:
-        if max(m.tp_size, ro_tp) == 1:
-            raise ctx.error("model.tp_invariant", "needs tensor parallelism (model.tp_size or rollout.tp_size > 1)")
-        if r.run.arm != "detent":
-            raise ctx.error("model.tp_invariant", f"commits the detent arm's K partitions; the run's arm is {r.run.arm}")
-        if m.commitment is not None:
-            raise ctx.error("model.tp_invariant", "derives its commitment tuples (models/tp_invariant.py); "
-                                                  "leave model.commitment null")
-    if r.rollout.release_memory and r.ray.mode == "ray" and r.ray.placement != "colocated":
-        raise ctx.error("rollout.release_memory", "frees the engines' memory for a trainer on the same device; "
-                                                  "with ray.placement: disaggregated they share none")
+    check_parallelism(r, ctx)
     return r
 
 

@@ -125,28 +125,26 @@ def rank0(trainer: WorkerGroup, method: str, *args) -> list:
     return trainer.async_each(method, [args] + [None] * (len(trainer) - 1))
 
 
+def start_groups(group: WorkerGroup, method: str, size: int) -> list:
+    """`method(address, rank, size)` on every worker of `group`, whose consecutive runs of `size` workers
+    each form a torch.distributed group at the address of its first (rank 0); the handles."""
+    addresses = group.get(group.async_each("sync_address", [() if j % size == 0 else None
+                                                            for j in range(len(group))]))
+    return group.async_each(method, [(addresses[j // size], j % size, size) for j in range(len(group))])
+
+
 def start_trainer_ranks(recipe: Recipe, trainer: WorkerGroup) -> None:
     """With `train.zero_stage`: the ranks' torch.distributed group at rank 0's address, then DeepSpeed."""
-    if recipe.train.zero_stage is None:
-        return
-    address = trainer.call("sync_address")[0]
-    trainer.get(trainer.async_each("start_zero", [(address, r, len(trainer)) for r in range(len(trainer))]))
+    if recipe.train.zero_stage is not None:
+        trainer.get(start_groups(trainer, "start_zero", len(trainer)))
 
 
 def start_tp_groups(recipe: Recipe, rollout: WorkerGroup, trainer: WorkerGroup) -> None:
     """With tensor parallelism (`model.tp_size`, `rollout.tp_size`): each engine's ranks and the trainer's
     ranks form their group (at the group's rank 0's address), then each rank loads its part of the model;
     all at once."""
-    tp, ro_tp = recipe.model.tp_size, rollout_tp(recipe)
-    calls = []
-    if ro_tp > 1:
-        addresses = rollout.get(rollout.async_each("sync_address", [() if j % ro_tp == 0 else None
-                                                                    for j in range(len(rollout))]))
-        calls.append((rollout, rollout.async_each("start_tp", [(addresses[j // ro_tp], j % ro_tp, ro_tp)
-                                                               for j in range(len(rollout))])))
-    if tp > 1:
-        (address,) = trainer.get(rank0(trainer, "sync_address"))
-        calls.append((trainer, trainer.async_each("start_tp", [(address, r, tp) for r in range(tp)])))
+    calls = [(group, start_groups(group, "start_tp", size))
+             for group, size in ((rollout, rollout_tp(recipe)), (trainer, recipe.model.tp_size)) if size > 1]
     if calls:
         gather(*calls)
 

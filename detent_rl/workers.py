@@ -18,7 +18,7 @@ part goes to rank r of every engine.
 from __future__ import annotations
 
 import dataclasses
-import datetime
+import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -35,11 +35,13 @@ from detent_rl.models.model import CausalLM
 from detent_rl.models.config import ModelConfig
 from detent_rl.models.parallel import TensorParallel
 from detent_rl.models.tp_invariant import ShardLayout, tp_invariant_commitments
-from detent_rl.models.weights import WeightsDigest, weights_digest
+from detent_rl.models.weights import weights_digest
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
 from detent_rl.trainer.stock import StockTrainer
 from detent_rl.trainer.trainer import Sample, Trainer, TrainStats
+from detent_rl.weight_sync import (SYNC_TIMEOUT, TRANSPORTS, SyncGroup, WeightManifest, WeightUpdate,
+                                   sync_address)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -80,9 +82,8 @@ class ModelSpec:
                              f"{tp.size if tp is not None else 1}")
         commitment = CommitmentTuple.load(self.commitment) if self.commitment else None
         if self.tp_invariant_with > 1:
-            pair = tp_invariant_commitments(ModelConfig.from_file(Path(self.path)), DTYPES[self.dtype],
-                                            self.tp_invariant_with, max_context=self.max_context,
-                                            max_batch=self.max_batch, max_num_tokens=self.max_num_tokens)
+            pair = _invariant_pair(self.path, self.dtype, self.tp_invariant_with, self.max_context, self.max_batch,
+                                   self.max_num_tokens)
             commitment = pair[0] if self.tp_size == 1 else pair[1]
         return load_model(self.path, self.arm, device=device or self.device, dtype=DTYPES[self.dtype],
                           commitment=commitment, max_context=self.max_context, max_batch=self.max_batch,
@@ -97,6 +98,15 @@ class ModelSpec:
     def meta_tp(self) -> Optional[TensorParallel]:
         """A rank-0 stand-in of this spec's tensor parallelism (for models built without their group)."""
         return TensorParallel(0, self.tp_size, invariant=self.tp_invariant_with > 1) if self.tp_size > 1 else None
+
+
+@functools.lru_cache(maxsize=None)
+def _invariant_pair(path: str, dtype: str, size: int, max_context: int, max_batch: int,
+                    max_num_tokens: int) -> tuple[CommitmentTuple, CommitmentTuple]:
+    """`tp_invariant_commitments` for a spec, once per process (a worker loads its model, a reference model
+    and a layout's meta model from the same pair)."""
+    return tp_invariant_commitments(ModelConfig.from_file(Path(path)), DTYPES[dtype], size, max_context=max_context,
+                                    max_batch=max_batch, max_num_tokens=max_num_tokens)
 
 
 @dataclass(frozen=True)
@@ -114,45 +124,6 @@ class Completion:
     num_cached: int  # prompt tokens served from the prefix cache
 
 
-TRANSPORTS = ("host", "device", "ipc")  # by value; "collective" is `weights_manifest` + `broadcast_weights`
-
-
-@dataclass(frozen=True)
-class WeightManifest:
-    """What a collective sync sends ahead of the broadcast (through Ray; small): the tensors in broadcast
-    order, with their shapes and dtypes, and the trainer's digest of them."""
-    names: tuple[str, ...]
-    shapes: tuple[tuple[int, ...], ...]
-    dtypes: tuple[str, ...]
-    digest: WeightsDigest
-
-
-SYNC_TIMEOUT = datetime.timedelta(minutes=10)
-
-
-class SyncGroup:
-    """The weight-sync group (the trainer's rank 0 is rank 0, engine i rank i + 1): a process group of its
-    own over a TCP store at `address` (rank 0 hosts it), beside torch.distributed's default group, which
-    a ZeRO trainer's ranks hold; NCCL for CUDA weights, gloo on the CPU. Built by every member at once:
-    it blocks until all have joined."""
-
-    def __init__(self, address: str, rank: int, world: int, device: torch.device) -> None:
-        import torch.distributed as dist
-        host, port = address.rsplit(":", 1)
-        store = dist.PrefixStore("detent_rl.weight_sync",
-                                 dist.TCPStore(host, int(port), world, rank == 0, timeout=SYNC_TIMEOUT))
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-            self.group = dist.ProcessGroupNCCL(store, rank, world)  # NCCL's own timeout: 10 minutes
-        else:
-            self.group = dist.ProcessGroupGloo(store, rank, world, SYNC_TIMEOUT)
-
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        """`tensor` from rank 0 into every member's `tensor`; waits until it has arrived (a peer that died
-        mid-broadcast ends the wait after SYNC_TIMEOUT instead of never)."""
-        self.group.broadcast(tensor, 0).wait()
-
-
 def join_tp_group(spec: ModelSpec, address: str, rank: int, world: int) -> TensorParallel:
     """This process as rank `rank` of a tensor-parallel group of `world` at `address` (its rank 0's):
     torch.distributed's default group of the process (NCCL on the GPU, gloo on the CPU)."""
@@ -162,26 +133,6 @@ def join_tp_group(spec: ModelSpec, address: str, rank: int, world: int) -> Tenso
     dist.init_process_group("nccl" if spec.device == "cuda" else "gloo", init_method=f"tcp://{address}",
                             rank=rank, world_size=world, timeout=SYNC_TIMEOUT)
     return TensorParallel.from_group(invariant=spec.tp_invariant_with > 1)
-
-
-def sync_address() -> str:
-    """host:port for the sync group's rendezvous, on this worker's node: its IP and a port free now."""
-    import socket
-    try:
-        import ray
-        host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
-    except ImportError:
-        host = "127.0.0.1"
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return f"{host}:{s.getsockname()[1]}"
-
-
-@dataclass(frozen=True)
-class WeightUpdate:
-    """The trainer's compute weights by the model's own names, and their `weights_digest`."""
-    weights: dict[str, torch.Tensor]
-    digest: WeightsDigest
 
 
 def deal(num_requests: int, group_size: int, num_engines: int) -> list[list[int]]:
@@ -217,6 +168,7 @@ def generate(rollout: Any, request: GenerateRequest, group_size: int = 1, tp_siz
 class RolloutWorker:
     def __init__(self, spec: ModelSpec, rollout: RolloutSection) -> None:
         self.spec, self.rollout = spec, rollout
+        self._layouts: dict[int, ShardLayout] = {}  # how a trainer of another degree cuts the weights
         if spec.tp_size == 1:
             self._build(spec.load())
         # else `start_tp` builds this rank's part once every rank knows the group's address
@@ -290,8 +242,6 @@ class RolloutWorker:
 
     def _layout(self, size: int) -> ShardLayout:
         """How a model of `size` ranks is cut (from one built on "meta", once)."""
-        if getattr(self, "_layouts", None) is None:
-            self._layouts: dict[int, ShardLayout] = {}
         if size not in self._layouts:
             other = dataclasses.replace(self.spec, tp_size=size)
             self._layouts[size] = ShardLayout(other.load(device="meta", tp=other.meta_tp()))

@@ -24,6 +24,7 @@ from sglang.srt.distributed.parallel_state import GroupCoordinator  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 
 from detent_rl.kernels.commitment import CommitmentTuple  # noqa: E402
+from detent_rl.rollout import sglang_allreduce as A  # noqa: E402
 from detent_rl.rollout import sglang_plugin as P  # noqa: E402
 from detent_rl.selir.errors import SelectionError  # noqa: E402
 
@@ -103,7 +104,7 @@ def test_the_pinned_plan_runs_for_every_batch_where_sglang_switches(sglang_ar, w
     comm = build(world_size, multicast=multicast)
     want = comm.detent_selector.pins["plan"]
     assert want != 0  # a custom plan: NCCL's order follows the message size
-    plan = P.AR.PLANS[want]
+    plan = A.AR.PLANS[want]
     for graph in (False, True):
         assert set(algorithms(comm, calls, graph)) == {(plan.algorithm, plan.use_multicast)}, graph
 
@@ -131,7 +132,7 @@ def test_the_plan_comes_from_the_commitment_tuple(sglang_ar, tmp_path):
     other = next(p for p in (3, 6) if p != default)  # 1shot_pull / 2shot_pull: both legal here
     path = CommitmentTuple({P.AR_SITE: {"pins": {"plan": other}}}).save(tmp_path / "t.json")
     comm = build(8, multicast=False, commitment=path)
-    assert set(algorithms(comm, calls, False)) == {(P.AR.PLANS[other].algorithm, False)}
+    assert set(algorithms(comm, calls, False)) == {(A.AR.PLANS[other].algorithm, False)}
     # 1shot_push: the push slots cannot hold the largest messages; NCCL: refused from three ranks up
     for plan, why in ((1, "plan"), (0, "NCCL's reduction order")):
         bad = CommitmentTuple({P.AR_SITE: {"pins": {"plan": plan}}}).save(tmp_path / f"bad{plan}.json")
@@ -163,5 +164,5 @@ def test_the_group_refuses_an_all_reduce_that_would_skip_the_pin(sglang_ar):
     with pytest.raises(P.SGLangPluginError, match="FlashInfer"):
         GroupCoordinator.all_reduce(group, x)
     group._fi_workspace_hint = None
-    P.require_pinned_allreduce(group, x)  # the pinned communicator takes it
-    assert P.require_pinned_allreduce(SimpleNamespace(world_size=1), x) is None
+    A.require_pinned_allreduce(group, x)  # the pinned communicator takes it
+    assert A.require_pinned_allreduce(SimpleNamespace(world_size=1), x) is None

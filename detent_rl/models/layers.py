@@ -88,7 +88,8 @@ class Linear(nn.Module):
     def _linear(self, x: torch.Tensor, bias: torch.Tensor | None, **extra) -> torch.Tensor:
         if self._stock:  # the stock arm: what a stock engine runs (cuBLAS picks its algorithm by shape)
             return stock_linear(x, self.weight, bias)
-        return linear_autograd(x, self.weight, bias, {**launch_params(self._select(x.shape[0])), **extra})
+        launch = launch_params(self._select(x.shape[0]))
+        return linear_autograd(x, self.weight, bias, {**launch, **extra} if extra else launch)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.parallel is None:
