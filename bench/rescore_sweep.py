@@ -2,12 +2,14 @@
 
 Run from the repository root (CUDA by default; --device cpu for a small smoke run):
 
-    python bench/rescore_sweep.py [--model qwen2-0.5b|PATH] [--arm detent] [--dtype bf16]
+    python bench/rescore_sweep.py [--model qwen2-0.5b|PATH] [--arm detent] [--dtype bf16] [--commitment FILE]
 
 Each case generates a batch in GRPO's shape — `group` samples per prompt with different seeds at
 T = 1, so the group shares its prompt's full pages through the prefix cache — with chunked
 prefill (`chunk` tokens per chunk) under a token budget, then rescores every sequence the
-trainer's way (one prefill of prompt + completion) and compares the logprobs bit for bit. Prints
+trainer's way (one prefill of prompt + completion) and compares the logprobs bit for bit. With
+`--commitment` (a tuned tuple, detent arm) the deployment limits are the tuple's own, and the cases
+are those that fit them plus a GRPO batch at the limits (the tuple's batch, 200-token prompts). Prints
 a markdown table (case, sequences, tokens compared, prefix-cached prompt tokens, mismatching
 sequences, first mismatch) and exits 1 if any token differs.
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.models import load_model
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
@@ -55,6 +58,15 @@ CASES = (
     Case("batch 64 = 8 prompts x 8 samples, prompts 1-2048, new 1-512", 8, 8, (1, 2048), (1, 512), 512, 8192),
     Case("batch 64 distinct, prompts 16-512, new 64-256, chunks of 100", 64, 1, (16, 512), (64, 256), 100, 2048),
 )
+
+
+def grpo_case(max_batch: int, max_context: int, max_num_tokens: int) -> Case:
+    """A GRPO step's rollout at a tuple's limits: groups of 8, prompts up to 200 tokens, the rest decoded."""
+    prompt = min(200, max_context // 2)
+    return Case(f"GRPO batch {max_batch} = {max_batch // 8} prompts x 8, prompts 1-{prompt}, new 1-{max_context - prompt}",
+                max(1, max_batch // 8), min(8, max_batch), (1, prompt), (1, max_context - prompt), 512, max_num_tokens)
+
+
 SMOKE = (  # --device cpu: the same shapes, scaled down
     Case("batch 1, 1-token prompt", 1, 1, (1, 1), (1, 1), 256, 512),
     Case("batch 8 = 2 x 4, prompts 1-80, new 1-12", 2, 4, (1, 80), (1, 12), 16, 64),
@@ -113,15 +125,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--commitment", help="a tuned tuple (python -m detent_rl.tune), detent arm: its deployment's "
+                                         "limits, the cases that fit them and a GRPO batch at them")
     args = ap.parse_args(argv)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     name = args.model or ("qwen2-0.5b" if args.device == "cuda" else "tiny-qwen2")
     cases = CASES if args.device == "cuda" else SMOKE
     longest = max(c.prompt_len[1] + c.new_tokens[1] for c in cases)
+    limits = dict(max_context=-(-longest // 256) * 256, max_batch=64, max_num_tokens=8192)
+    commitment = None
+    if args.commitment:
+        if args.arm != "detent":
+            ap.error(f"--commitment: a tuple is the detent arm's, not --arm {args.arm}'s")
+        commitment = CommitmentTuple.load(args.commitment)
+        dep = commitment.deployment or {}
+        absent = [k for k in limits if k not in dep]
+        if absent:
+            ap.error(f"--commitment {args.commitment}: its deployment records no {absent}")
+        limits = {k: dep[k] for k in limits}
+        fits = [c for c in cases if c.prompt_len[1] + c.new_tokens[1] <= limits["max_context"]
+                and c.prompts * c.group <= limits["max_batch"] and c.budget <= limits["max_num_tokens"]]
+        cases = (*fits, grpo_case(**limits))
     with tempfile.TemporaryDirectory() as tmp:
         model = load_model(checkpoint(name, Path(tmp)), args.arm, device=args.device, dtype=dtype,
-                           max_context=-(-longest // 256) * 256, max_batch=64, max_num_tokens=8192)
-        print(f"model {name}, {args.arm} arm, {args.dtype}, {args.device}\n")
+                           commitment=commitment, **limits)
+        tuple_note = f", tuple {args.commitment} (sha256 {commitment.sha256()[:12]})" if commitment else ""
+        print(f"model {name}, {args.arm} arm, {args.dtype}, {args.device}{tuple_note}\n")
         print("| case | sequences | logprobs compared | prefix-cached prompt tokens | mismatching sequences | first mismatch |")
         print("|---|---|---|---|---|---|")
         failed = False
