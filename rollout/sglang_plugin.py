@@ -57,10 +57,12 @@ What it pins now:
   the CPU against SGLang's own constructor and dispatch (tests/test_sglang_allreduce.py); no multi-GPU
   run yet.
 
+- **The model's kernels** (`rollout/sglang_model.py`), with a tuple that records its deployment: the
+  dense linears and the LM head by our pinned linear, RMSNorm, SiluAndMul and the rotary embedding by
+  our kernels, the sampler on its deterministic (log_softmax) path — the kernels the trainer runs.
+
 The trainer's side of the attention is `rollout/sglang_attention.py` (SGLang's two kernels, each row
-the way the rollout computed it). Not yet: the rest of the trainer's kernel set (linears, norms, the LM
-head as SGLang's model runs them) and `rollout.backend: sglang`
-(see the issue tracker).
+the way the rollout computed it); of the logprobs, `sglang_model.token_logprobs`.
 """
 from __future__ import annotations
 
@@ -162,7 +164,8 @@ def backend_selector(facts: dict, tile: int):
     return sol.commit(knobs={"split_tile_size": tile})
 
 
-_STATE: dict = {"registered": False, "tile": None, "moe_pins": None, "moe_path": None, "ar_pins": None}
+_STATE: dict = {"registered": False, "model_hooks": False, "tile": None, "moe_pins": None, "moe_path": None,
+                "ar_pins": None}
 
 
 def register(commitment: Optional[os.PathLike | str] = None) -> None:
@@ -178,6 +181,10 @@ def register(commitment: Optional[os.PathLike | str] = None) -> None:
     moe_facts.cache_clear()
     site = tuple_.sites.get(AR_SITE) if tuple_ is not None else None
     _STATE["ar_pins"] = dict(site.pins) if site is not None else None
+    from detent_rl.rollout import sglang_model as M
+    if M.configure(path, tuple_) and not _STATE["model_hooks"]:  # the model's kernels: a tuple with a deployment
+        M.register(HookRegistry, HookType)
+        _STATE["model_hooks"] = True
     if _STATE["registered"]:
         return
     HookRegistry.register(f"{TRITON_BACKEND}.__init__", pin_backend, HookType.AFTER)

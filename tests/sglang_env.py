@@ -32,6 +32,7 @@ def import_sglang():
 
 
 _PRISTINE: list = []
+_INHERITED = object()  # a hooked attribute the class inherits (the registry sets it on the class itself)
 
 
 def plugin_reset():
@@ -41,16 +42,18 @@ def plugin_reset():
     import sglang.srt.plugins as sgl_plugins
     from sglang.srt.plugins.hook_registry import HookRegistry
 
+    from detent_rl.rollout import sglang_model as M
     from detent_rl.rollout import sglang_plugin as P
     if not _PRISTINE:
         targets = [P.TRITON_BACKEND + ".__init__", P.TRITON_BACKEND + ".get_num_kv_splits",
                    P.SAMPLING_PARAMS + ".verify", P.SAMPLING_BATCH + ".from_schedule_batch",
                    P.ALLREDUCE + ".__init__", P.ALLREDUCE + "._pick_config", P.ALLREDUCE + ".should_custom_ar",
                    P.GROUP + ".all_reduce"]
+        targets += [target for target, _, _ in M.HOOKS]
         for target in targets:
             path, cls_name, attr = target.rsplit(".", 2)
             cls = getattr(importlib.import_module(path), cls_name)
-            _PRISTINE.append((cls, attr, cls.__dict__[attr]))
+            _PRISTINE.append((cls, attr, cls.__dict__.get(attr, _INHERITED)))  # inherited: deleted on reset
         path, name = P.MOE_CONFIG.rsplit(".", 1)
         moe = getattr(importlib.import_module(path), name)  # the registry also rebinds modules that import it
         _PRISTINE.extend((m, k, moe) for m in list(sys.modules.values())
@@ -59,8 +62,13 @@ def plugin_reset():
 
     def reset():
         for owner, attr, value in _PRISTINE:
-            setattr(owner, attr, value)
+            if value is _INHERITED:
+                if attr in vars(owner):
+                    delattr(owner, attr)
+            else:
+                setattr(owner, attr, value)
         HookRegistry.reset()
         sgl_plugins._plugins_loaded = False
-        P._STATE.update(registered=False, tile=None, moe_pins=None, moe_path=None, ar_pins=None)
+        P._STATE.update(registered=False, model_hooks=False, tile=None, moe_pins=None, moe_path=None, ar_pins=None)
+        M.configure(None, None)
     return reset
