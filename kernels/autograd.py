@@ -197,6 +197,14 @@ def silu_and_mul_autograd(x: torch.Tensor, *, block: int) -> torch.Tensor:
     return _SiluAndMul.apply(x, block)
 
 
+def rotary_autograd(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    *, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotated (q, k) by `apply_rotary`, differentiable; nothing stored."""
+    if not _needs_grad(q, k):
+        return apply_rotary(q.contiguous(), k.contiguous(), positions, cos, sin, block=block)
+    return _Rotary.apply(q.contiguous(), k.contiguous(), positions, cos, sin, block)
+
+
 def rotary_store_autograd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                           cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           slots: torch.Tensor, *, block: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -28,6 +28,7 @@ compared), as `kernels/autograd.py` does for our own kernels.
 from __future__ import annotations
 
 from itertools import accumulate
+from typing import Any
 
 import torch
 
@@ -82,3 +83,32 @@ def rollout_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
         out[index] = o
     return out
 
+
+
+class _SGLangAttention(torch.autograd.Function):
+    """`rollout_attention` forward (the rollout's bits); the gradient of causal attention by the
+    trainer's deterministic reference backward (`kernels.autograd._attention_backward`): the backward
+    is not compared, only the forward's logprobs are."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Any, scale: float) -> torch.Tensor:
+        ctx.cu, ctx.scale = list(rows.cu), scale
+        ctx.save_for_backward(q, k, v)
+        return rollout_attention(q, k, v, list(rows.cu), list(rows.prompt_lens), tile=rows.tile,
+                                 context=rows.context, scale=scale)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple:
+        from detent_rl.kernels.autograd import _attention_backward
+        q, k, v = ctx.saved_tensors
+        return (*_attention_backward(q, k, v, g.contiguous(), ctx.cu, ctx.scale), None, None)
+
+
+def sglang_attention_autograd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Any,
+                              scale: float) -> torch.Tensor:
+    """Causal attention of the packed sequences `rows` (models.context.SGLangRows) with SGLang's rollout
+    bits; differentiable."""
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+        return rollout_attention(q, k, v, list(rows.cu), list(rows.prompt_lens), tile=rows.tile,
+                                 context=rows.context, scale=scale)
+    return _SGLangAttention.apply(q, k, v, rows, scale)

@@ -149,3 +149,98 @@ def test_the_trainers_logprobs_are_sglangs_deterministic_samplers():
                        torch.log_softmax(logits.to(torch.bfloat16).float().div_(temps), -1)[torch.arange(6), tokens])
     assert torch.equal(M.token_logprobs(logits, tokens, 0.7), want)
     assert torch.equal(M.token_logprobs(logits, tokens, 0.0), torch.log_softmax(logits, -1)[torch.arange(6), tokens])
+
+
+def test_the_trainer_reproduces_sglangs_rollout_logprobs_model_wide_interpreted():
+    """A Qwen2-shaped model (from transformers' save_pretrained), rolled out the way SGLang's Qwen2 runs it
+    under the plugin — SGLang's own RMSNorm, linear method, SiluAndMul, rotary, LM head (hooked) and
+    its own Triton extend/decode kernels, prompts prefilled in chunks and each completion token decoded
+    among other requests — then its completion logprobs recomputed by the trainer in one pass
+    (`completion_logprobs(..., sglang=(tile, context))`): every logprob equal, bit for bit. Control: the
+    trainer's own attention (the embedded engine's kernels) misses them."""
+    from interpreted import run_interpreted
+    from sglang_env import PRELUDE
+    proc = run_interpreted(PRELUDE + """
+import tempfile, warnings
+from itertools import accumulate
+from types import SimpleNamespace
+import torch, transformers
+from sglang.srt.layers.activation import SiluAndMul
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
+from sglang.srt.plugins.hook_registry import HookRegistry
+from sglang_decode_cases import sglang_rollout_rows
+from detent_rl.models import load_model
+from detent_rl.models.runner import completion_logprobs
+from detent_rl.rollout import sglang_plugin as P
+import detent_rl.kernels.matmul as MM
+# SGLang's attention kernels run interpreted; our linear takes its CPU mirror: interpreted, its tl.dot is
+# numpy's per tile, whose bits follow the tile (an interpreter artifact the GPU tests do not share)
+MM.interpreting = lambda: False
+transformers.logging.set_verbosity_error()
+H, KVH, D, HID, TILE, CTX = 4, 2, 16, 64, 64, 128
+torch.manual_seed(0)
+cfg = transformers.Qwen2Config(vocab_size=300, hidden_size=HID, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=H, num_key_value_heads=KVH, max_position_embeddings=CTX,
+                               rope_theta=10000.0, tie_word_embeddings=True)
+tmp = tempfile.mkdtemp()
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    transformers.Qwen2ForCausalLM(cfg).save_pretrained(tmp)
+model = load_model(tmp, "detent", dtype=torch.float32, max_context=CTX, max_batch=8, max_num_tokens=256)
+model.selections.resolved().save(tmp + "/tuple.json")
+P.register(tmp + "/tuple.json")
+HookRegistry.apply_hooks()
+seqs = [[int(t) for t in torch.randint(0, 300, (n,))] for n in (90, 40)]
+prompts, temps = [20, 12], [0.7, 1.0]
+
+@torch.no_grad()
+def sglang_rollout():
+    m, lin = model.model, UnquantizedLinearMethod()
+    cu = [0, *accumulate(len(s) for s in seqs)]
+    T = cu[-1]
+    pos = torch.cat([torch.arange(len(s)) for s in seqs])
+    def rms(w):
+        n = RMSNorm(HID, eps=1e-6)
+        n.weight = torch.nn.Parameter(w.detach().clone(), requires_grad=False)
+        return n
+    rope = RotaryEmbedding.__new__(RotaryEmbedding)
+    torch.nn.Module.__init__(rope)
+    rope.head_size = rope.rotary_dim = D
+    rope.max_position_embeddings, rope.base, rope.is_neox_style = CTX, 10000, True
+    h = torch.nn.functional.embedding(torch.tensor(sum(seqs, [])), m.embed_tokens.weight)
+    residual = None
+    for i, layer in enumerate(m.layers):
+        a = layer.self_attn
+        if residual is None:
+            residual, x = h, rms(layer.input_layernorm.weight)(h)
+        else:
+            x, residual = rms(layer.input_layernorm.weight)(h, residual)
+        qkv = lin.apply(a.qkv_proj, x, a.qkv_proj.bias)
+        q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
+        q, k = rope(pos, q, k)
+        o = sglang_rollout_rows(q.reshape(T, H, D), k.reshape(T, KVH, D), v.reshape(T, KVH, D), cu, prompts,
+                                tile=TILE, context=CTX, seed=i)
+        x = lin.apply(a.o_proj, o.reshape(T, H * D))
+        x, residual = rms(layer.post_attention_layernorm.weight)(x, residual)
+        h = lin.apply(layer.mlp.down_proj, SiluAndMul()(lin.apply(layer.mlp.gate_up_proj, x)))
+    h, _ = rms(m.norm.weight)(h, residual)
+    out = []
+    for s, p, t, a in zip(seqs, prompts, temps, cu):
+        logits = LogitsProcessor._compute_lm_head(SimpleNamespace(use_fp32_lm_head=False), h[a + p - 1:a + len(s) - 1],
+                                                  model.lm_head).float()
+        logits.div_(torch.full((len(s) - p, 1), t))  # SGLang's sampler: temperatures [rows, 1], in place
+        out.append(torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(s[p:]).view(-1, 1)).squeeze(1))
+    return out
+
+rolled = sglang_rollout()
+with torch.no_grad():
+    trained = completion_logprobs(model, list(zip(seqs, prompts)), temps, sglang=(TILE, CTX))
+    own = completion_logprobs(model, list(zip(seqs, prompts)), temps)
+assert all(torch.equal(a, b) for a, b in zip(trained, rolled)), [(a - b).abs().max() for a, b in zip(trained, rolled)]
+assert not all(torch.equal(a, b) for a, b in zip(own, rolled)), "control: our own attention must miss SGLang's bits"
+print("model ok", sum(len(t) for t in trained))
+""")
+    assert proc.returncode == 0 and "model ok" in proc.stdout, proc.stderr[-4000:]

@@ -26,6 +26,20 @@ class ForwardContext:
     num_seqs: int
     max_seqlen_q: int  # the most query rows of one sequence in this step
     max_seqlen_k: int  # the longest key span (cached + new) of one sequence in this step
+    # the trainer reproducing an SGLang rollout (rollout.backend: sglang): SGLang's own attention kernels
+    # give each row the bits the rollout gave it (rollout/sglang_attention.py); None: our paged attention
+    sglang: Optional["SGLangRows"] = None
+
+
+@dataclass(frozen=True)
+class SGLangRows:
+    """How SGLang's pinned Triton backend computed a one-shot prefill's rows: sequence i is rows
+    cu[i]:cu[i + 1], its first prompt_lens[i] by the extend kernel, the rest decoded with `tile`-key splits
+    on a deployment of `context` tokens (the decode kernel's split buffers)."""
+    cu: tuple[int, ...]
+    prompt_lens: tuple[int, ...]
+    tile: int
+    context: int
 
 
 _current: Optional[ForwardContext] = None

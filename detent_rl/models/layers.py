@@ -22,7 +22,8 @@ from torch import nn
 
 from detent_rl.kernels.attention import pack_of
 from detent_rl.kernels.autograd import (attention_autograd, embedding_autograd, linear_autograd,
-                                       rmsnorm_autograd, rotary_store_autograd, silu_and_mul_autograd)
+                                       rmsnorm_autograd, rotary_autograd, rotary_store_autograd,
+                                       silu_and_mul_autograd)
 from detent_rl.kernels.matmul import launch_params, stock_linear
 from detent_rl.kernels.selections import KernelSelections
 from detent_rl.models.config import ModelConfig
@@ -193,6 +194,10 @@ class RotaryEmbedding(nn.Module):
         return rotary_store_autograd(q, k, v, positions, self.cos, self.sin, k_cache, v_cache, slots,
                                      block=self._select(q.shape[0]).block)
 
+    def rotate(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated (q, k), nothing stored (the same rotation as `forward`'s)."""
+        return rotary_autograd(q, k, positions, self.cos, self.sin, block=self._select(q.shape[0]).block)
+
 
 class MLP(nn.Module):
     """down(silu(gate(x)) * up(x)), gate and up fused into one matmul."""
@@ -254,6 +259,11 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(tokens, self.num_heads, self.head_dim)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(tokens, self.num_kv_heads, self.head_dim)
+        if ctx.sglang is not None:  # the trainer's side of an SGLang rollout: SGLang's attention kernels
+            from detent_rl.rollout.sglang_attention import sglang_attention_autograd
+            q, k = self.rotary.rotate(positions, q, k)
+            out = sglang_attention_autograd(q, k, v, ctx.sglang, self.scale)
+            return self.o_proj(out.reshape(tokens, self.q_size))
         k_cache, v_cache = ctx.kv_caches[self.layer_idx]
         q, k = self.rotary(positions, q, k, v, k_cache, v_cache, ctx.slots)
         s = self._select(ctx.num_seqs, ctx.max_seqlen_q, tokens, ctx.max_seqlen_k)

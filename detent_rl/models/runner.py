@@ -7,14 +7,16 @@ block manager (prefix sharing, eviction) replaces that, not this context buildin
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import accumulate
+from typing import Optional
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from detent_rl.kernels.attention import attn_meta, device_tensor
 from detent_rl.kernels.autograd import token_logprobs_segments_autograd
-from detent_rl.models.context import ForwardContext, KVCache, set_context
+from detent_rl.models.context import ForwardContext, KVCache, SGLangRows, set_context
 from detent_rl.models.model import CausalLM
 
 
@@ -77,7 +79,8 @@ LOGITS_BLOCK_ROWS = 4096  # completion rows whose LM-head logits exist at once (
 
 
 def completion_logprobs(model: CausalLM, sequences: list[tuple[list[int], int]], temperatures: list[float],
-                        block_rows: int = LOGITS_BLOCK_ROWS) -> list[torch.Tensor]:
+                        block_rows: int = LOGITS_BLOCK_ROWS, sglang: Optional[tuple[int, int]] = None
+                        ) -> list[torch.Tensor]:
     """The trainer's computation: fp32 logprobs [len - prompt] of each (tokens, prompt length)'s
     completion at its temperature, from ONE prefill step of all the sequences in fresh pages.
 
@@ -89,6 +92,10 @@ def completion_logprobs(model: CausalLM, sequences: list[tuple[list[int], int]],
     block's logits are recomputed in the backward (torch.utils.checkpoint) instead of kept, so a
     long-completion micro-batch holds one block's [rows, vocab] logits, not all of them. A row's
     bits do not see the block (pinned selections are batch-invariant).
+
+    `sglang` = (split tile, context): the sequences were rolled out by SGLang under detent_rl's plugin
+    (`rollout.backend: sglang`); attention then runs SGLang's own kernels the way the rollout ran them
+    and the logprobs are its deterministic sampler's (`rollout/sglang_model.py`).
     """
     if len(sequences) != len(temperatures):
         raise ValueError(f"{len(sequences)} sequences but {len(temperatures)} temperatures")
@@ -103,6 +110,9 @@ def completion_logprobs(model: CausalLM, sequences: list[tuple[list[int], int]],
         at += pages
     caches = model.allocate_kv_cache(at)
     input_ids, positions, ctx = step_inputs(model, caches, spans)
+    if sglang is not None:
+        cu = (0, *accumulate(len(tokens) for tokens, _ in sequences))
+        ctx = replace(ctx, sglang=SGLangRows(cu, tuple(n for _, n in sequences), *sglang))
     with set_context(ctx):
         hidden = model(input_ids, positions)
     rows, targets, at = [], [], 0
@@ -116,7 +126,8 @@ def completion_logprobs(model: CausalLM, sequences: list[tuple[list[int], int]],
     segments, at = [], 0  # (first row, rows, selection, temperature) per sequence
     for (tokens, n_prompt), t in zip(sequences, temperatures):
         n = len(tokens) - n_prompt
-        segments.append((at, n, select(n), t or 1.0))  # the row count the engine's sampler selects with
+        # the row count the engine's sampler selects with; SGLang's sampler takes temperature 0 as greedy
+        segments.append((at, n, select(n), t if sglang is not None else t or 1.0))
         at += n
 
     def block(lo: int, hi: int, h: torch.Tensor) -> torch.Tensor:
@@ -126,6 +137,10 @@ def completion_logprobs(model: CausalLM, sequences: list[tuple[list[int], int]],
             a, b = max(first, lo), min(first + n, hi)
             if a < b:
                 parts.append((a - lo, b - a, cfg.block, cfg.num_warps, t))
+        if sglang is not None:
+            from detent_rl.rollout.sglang_model import token_logprobs
+            logits = model.logits(h)
+            return torch.cat([token_logprobs(logits[a:a + n], ids[lo + a:lo + a + n], t) for a, n, _, _, t in parts])
         return token_logprobs_segments_autograd(model.logits(h), ids[lo:hi], parts)
 
     recompute = torch.is_grad_enabled() and states.requires_grad and len(rows) > block_rows
