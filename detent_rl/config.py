@@ -32,7 +32,7 @@ from typing import Any, Literal, Optional, Sequence
 import yaml
 
 from detent_rl import atomic
-from detent_rl.recipe_parallel import check_parallelism
+from detent_rl.recipe_parallel import check_backend, check_parallelism
 from detent_rl.recipe_schema import (Context, Loader, RecipeError, build, copy_raw, get_path, parse_overrides, plain,
                                      schema_fields, set_override, show)
 
@@ -101,6 +101,7 @@ class RolloutSection:
     num_engines: int = 1  # engine replicas (data parallel): each prompt's group on one, dealt round-robin
     release_memory: bool = False  # colocated: the engines' KV cache freed during updates (graphs recaptured)
     tp_size: Optional[int] = None  # tensor-parallel ranks of each engine; null: model.tp_size
+    backend: Literal["embedded", "sglang"] = "embedded"  # sglang: SGLang's engine under the plugin (rollout/sglang_worker.py)
 
 
 @dataclass(frozen=True)
@@ -365,6 +366,7 @@ def _validate(r: Recipe, ctx: Context) -> Recipe:
     if r.ray.address is not None and not r.ray.address.strip():
         raise ctx.error("ray.address", "must not be empty (null: RAY_ADDRESS or a local Ray)")
     check_parallelism(r, ctx)
+    check_backend(r, ctx)
     return r
 
 

@@ -1,4 +1,5 @@
-"""The recipe's rules for running past one process: ZeRO ranks, tensor-parallel degrees, placement.
+"""The recipe's rules for running past one process: ZeRO ranks, tensor-parallel degrees, placement, and
+the rollout backend (SGLang's engine runs in processes of its own).
 
 Called by `config._validate` once each field is valid on its own; each refusal names its key path.
 """
@@ -57,3 +58,24 @@ def check_parallelism(r: "Recipe", ctx: Context) -> None:
     if r.rollout.release_memory and r.ray.mode == "ray" and r.ray.placement != "colocated":
         raise ctx.error("rollout.release_memory", "frees the engines' memory for a trainer on the same device; "
                                                   "with ray.placement: disaggregated they share none")
+
+
+def check_backend(r: "Recipe", ctx: Context) -> None:
+    """`rollout.backend: sglang`: SGLang 0.5.23 installed, the detent arm (the plugin pins SGLang to the
+    trainer's tuple), one GPU per engine and trainer, no memory release (SGLang's own is not wired)."""
+    ro = r.rollout
+    if ro.backend != "sglang":
+        return
+    import importlib.util
+    if importlib.util.find_spec("sglang") is None:
+        raise ctx.error("rollout.backend", "sglang needs SGLang 0.5.23 and its CUDA kernels installed "
+                                           "(pip install 'detent_rl[sglang]' on a CUDA machine); it is not installed")
+    if r.run.arm != "detent":
+        raise ctx.error("rollout.backend", f"sglang runs under detent_rl's plugin, which pins it to the detent arm's "
+                                           f"tuple; the run's arm is {r.run.arm}")
+    if max(r.model.tp_size, ro.tp_size or 1) > 1 or r.train.zero_stage is not None:
+        raise ctx.error("rollout.backend", "sglang: one GPU per engine and an unsharded trainer (tensor parallelism "
+                                           "and ZeRO are not wired to SGLang's engine yet)")
+    if ro.release_memory:
+        raise ctx.error("rollout.release_memory", "not wired to SGLang's engine (its own memory release); "
+                                                  "leave it false with rollout.backend: sglang")

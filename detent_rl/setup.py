@@ -62,12 +62,21 @@ def prepare(recipe: Recipe) -> RunSetup:
         raise RecipeError(f"{recipe.source}: data.size leaves {len(train_tasks)} training tasks, fewer than "
                          f"rollout.prompts_per_step = {ro.prompts_per_step}")
     batch = ro.prompts_per_step * ro.samples_per_prompt
+    sglang_tile = 0
+    if ro.backend == "sglang":
+        if device != "cuda":
+            raise RecipeError(f"{recipe.source}: rollout.backend: sglang needs a CUDA GPU (SGLang's engine); this run's "
+                              f"device is {device}")
+        from detent_rl.kernels.programs.sglang.triton_decode import DEFAULT_SPLIT_TILE
+        from detent_rl.rollout.sglang_plugin import split_tile_size
+        sglang_tile = split_tile_size(m.commitment) if m.commitment else DEFAULT_SPLIT_TILE
     spec = ModelSpec(path=str(checkpoint), arm=recipe.run.arm, device=device, dtype=m.dtype,
                      max_context=m.max_context, max_batch=max(ro.max_num_seqs, tr.micro_batch_size, batch, 8),
                      max_num_tokens=max(2048, tr.max_tokens_per_micro_batch or tr.micro_batch_size * m.max_context,
                                         m.max_context, ro.chunk_size),
                      commitment=m.commitment, threads=1 if device == "cpu" else 0, tp_size=m.tp_size,
-                     tp_invariant_with=max(m.tp_size, rollout_tp(recipe)) if m.tp_invariant else 0)
+                     tp_invariant_with=max(m.tp_size, rollout_tp(recipe)) if m.tp_invariant else 0,
+                     sglang_tile=sglang_tile)
     rollout_spec = replace(spec, tp_size=rollout_tp(recipe))
     for s, key in ((spec, "model.tp_size"), (rollout_spec, "rollout.tp_size")):
         try:
@@ -142,6 +151,14 @@ def _placement_group(recipe: Recipe, bundles: list[dict]) -> Any:
     return pg
 
 
+def rollout_worker(recipe: Recipe) -> type:
+    """The rollout worker class of `rollout.backend`: our embedded engine, or SGLang's (rollout/sglang_worker.py)."""
+    if recipe.rollout.backend == "sglang":
+        from detent_rl.rollout.sglang_worker import SGLangRolloutWorker
+        return SGLangRolloutWorker
+    return RolloutWorker
+
+
 def start_workers(recipe: Recipe, setup: RunSetup) -> tuple[WorkerGroup[RolloutWorker], WorkerGroup[TrainerWorker]]:
     """The rollout and trainer groups: Ray actors in one placement group (`ray.placement`), on a cluster at
     ray.address / RAY_ADDRESS or a local Ray this process starts; or with ray.mode: inline the two
@@ -165,11 +182,11 @@ def start_workers(recipe: Recipe, setup: RunSetup) -> tuple[WorkerGroup[RolloutW
         if not local:
             _check_ray_resources(recipe, need, ray.cluster_resources())
         pg = _placement_group(recipe, bundles)
-        return (WorkerGroup(RolloutWorker, setup.rollout_spec, recipe.rollout, size=len(engine_bundles),
+        return (WorkerGroup(rollout_worker(recipe), setup.rollout_spec, recipe.rollout, size=len(engine_bundles),
                             ray=RayPlacement(num_cpus=1, num_gpus=engine_gpus, placement_group=pg,
                                              bundles=engine_bundles)),
                 WorkerGroup(TrainerWorker, setup.spec, recipe.train, size=len(trainer_bundles),
                             ray=RayPlacement(num_cpus=1, num_gpus=trainer_gpus, placement_group=pg,
                                              bundles=trainer_bundles)))
-    return (WorkerGroup(RolloutWorker, setup.rollout_spec, recipe.rollout, size=recipe.rollout.num_engines),
+    return (WorkerGroup(rollout_worker(recipe), setup.rollout_spec, recipe.rollout, size=recipe.rollout.num_engines),
             WorkerGroup(TrainerWorker, setup.spec, recipe.train))  # (tensor parallelism needs Ray: config.py)

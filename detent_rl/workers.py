@@ -71,6 +71,7 @@ class ModelSpec:
     threads: int = 0  # CPU: torch threads in this worker (0 = leave torch's default)
     tp_size: int = 1  # tensor-parallel ranks of this worker's model (the trainer's, or each engine's)
     tp_invariant_with: int = 0  # > 1: bits equal between one GPU and this many ranks (models/tp_invariant.py)
+    sglang_tile: int = 0  # rollout.backend sglang: SGLang's decode split tile, which the trainer reproduces
 
     def load(self, device: Optional[str] = None, tp: Optional[TensorParallel] = None) -> CausalLM:
         """The model with its weights (this rank's part with `tp`); on device "meta" without them (what
@@ -290,6 +291,8 @@ class TrainerWorker:
         self.ref = spec.load() if train.loss.kl_coef else None  # frozen reference: the starting weights
         if train.zero_stage is None:
             self.trainer = Trainer(self.model, train, self.ref)
+            if spec.sglang_tile:  # the rollout is SGLang's: recompute its rows with its kernels
+                self.trainer.sglang = (spec.sglang_tile, spec.max_context)
         # else `start_zero` builds the ZeRO trainer once every rank knows the group's address
 
     def start_tp(self, address: str, rank: int, world: int) -> None:

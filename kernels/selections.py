@@ -266,7 +266,8 @@ class KernelSelections:
         its sites (the end of `CausalLM.__init__`)."""
         if self.commitment is None:
             return
-        unknown = [key for key in self.commitment.sites if key not in self._selectors]
+        # "sglang.*" sites are the SGLang plugin's (rollout/sglang_plugin.py), which reads the same file
+        unknown = [key for key in self.commitment.sites if key not in self._selectors and not key.startswith("sglang.")]
         if unknown:
             raise CommitmentError(f"{self.commitment.label()} has entries for sites this model does not have: "
                                   f"{listed(unknown)}; the model's sites: {listed(sorted(self._selectors))}")

@@ -68,3 +68,46 @@ def test_tensor_parallel_degrees_are_checked(tmp_path, overrides, path, shown):
     (tmp_path / "t.json").write_text("{}")  # exists: the refusal is tp_invariant's, not the path's
     msg = refused(write(tmp_path, MINIMAL), overrides)
     assert f": {path}: " in msg and shown in msg, msg
+
+
+def test_the_sglang_backend_is_refused_without_sglang(tmp_path, monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sglang" else real(name, *a))
+    msg = refused(write(tmp_path, MINIMAL), ("rollout.backend=sglang",))
+    assert ": rollout.backend: " in msg and "not installed" in msg, msg
+    msg = refused(write(tmp_path, MINIMAL), ("rollout.backend=vllm",))
+    assert ": rollout.backend: " in msg and "sglang" in msg, msg
+
+
+@pytest.mark.parametrize("overrides, path, shown", [
+    (("run.arm=stock",), "rollout.backend", "pins it to the detent arm's tuple; the run's arm is stock"),
+    (("model.tp_size=2", "ray.mode=ray"), "rollout.backend", "one GPU per engine"),
+    (("rollout.release_memory=true",), "rollout.release_memory", "not wired to SGLang's engine"),
+])
+def test_the_sglang_backends_limits_are_checked(tmp_path, monkeypatch, overrides, path, shown):
+    import importlib.machinery
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",  # as if SGLang were installed
+                        lambda name, *a: importlib.machinery.ModuleSpec("sglang", None) if name == "sglang"
+                        else real(name, *a))
+    msg = refused(write(tmp_path, MINIMAL), ("rollout.backend=sglang",) + overrides)
+    assert f": {path}: " in msg and shown in msg, msg
+    r = load_recipe(write(tmp_path, MINIMAL), ("rollout.backend=sglang",))
+    assert r.rollout.backend == "sglang"
+
+
+def test_the_sglang_backend_needs_a_gpu(tmp_path, monkeypatch):
+    import importlib.machinery
+    import importlib.util
+
+    from detent_rl.config import RecipeError
+    from detent_rl.setup import prepare, rollout_worker
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: importlib.machinery.ModuleSpec("sglang", None)
+                        if name == "sglang" else real(name, *a))
+    r = load_recipe(write(tmp_path, MINIMAL), ("rollout.backend=sglang",))
+    assert rollout_worker(r).__name__ == "SGLangRolloutWorker"
+    with pytest.raises(RecipeError, match="rollout.backend: sglang needs a CUDA GPU"):
+        prepare(r)

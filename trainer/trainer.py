@@ -156,6 +156,7 @@ class Trainer:
         if cfg.loss.kl_coef and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.model, self.cfg, self.ref_model = model, cfg, ref_model
+        self.sglang: Optional[tuple[int, int]] = None  # (split tile, context) of an SGLang rollout (rollout.backend)
         model.model.checkpoint_layers = cfg.activation_checkpointing
         self.names = [n for n, _ in model.named_parameters()]  # a tied head appears once
         self.params = [p for _, p in model.named_parameters()]
@@ -185,7 +186,7 @@ class Trainer:
 
     def _logprobs(self, model: CausalLM, samples: list[Sample]) -> list[torch.Tensor]:
         return completion_logprobs(model, [(s.tokens, s.num_prompt) for s in samples],
-                                   [s.temperature for s in samples])
+                                   [s.temperature for s in samples], sglang=self.sglang)
 
     @torch.no_grad()
     def rescore(self, samples: list[Sample]) -> list[torch.Tensor]:
