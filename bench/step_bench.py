@@ -30,8 +30,8 @@ def run_arm(recipe: str, arm: str, steps: int, out: Path, overrides: list[str]) 
     run_dir = out / arm
     cmd = [sys.executable, "-P", "-m", "detent_rl.train", recipe, f"run.arm={arm}", f"train.steps={steps}",
            f"run.dir={run_dir}", "checkpoint.every=0", "log.progress=false", *overrides]
-    if arm == "stock":
-        cmd.append("run.on_mismatch=warn")
+    if arm == "stock":  # the stock arm pins nothing: a recipe's tuned tuple is the detent arm's
+        cmd += ["run.on_mismatch=warn", "model.commitment=null"]
     print("$ " + " ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, check=True)
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]

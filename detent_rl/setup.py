@@ -44,7 +44,7 @@ def prepare(recipe: Recipe) -> RunSetup:
         tokenizer = load_tokenizer(checkpoint)
     else:
         tokenizer = tiny_tokenizer(ModelConfig.from_file(checkpoint).vocab_size)
-    d, ro, tr = recipe.data, recipe.rollout, recipe.train
+    d, ro = recipe.data, recipe.rollout
     tasks = load_tasks(d.source, split=d.split, question_key=d.question_key, answer_key=d.answer_key, size=d.size,
                        seed=d.seed, task_config=dict(d.task_config) or None, subset=d.subset)
     prompts = {}
@@ -61,22 +61,7 @@ def prepare(recipe: Recipe) -> RunSetup:
     if len(train_tasks) < ro.prompts_per_step:
         raise RecipeError(f"{recipe.source}: data.size leaves {len(train_tasks)} training tasks, fewer than "
                          f"rollout.prompts_per_step = {ro.prompts_per_step}")
-    batch = ro.prompts_per_step * ro.samples_per_prompt
-    sglang_tile = 0
-    if ro.backend == "sglang":
-        if device != "cuda":
-            raise RecipeError(f"{recipe.source}: rollout.backend: sglang needs a CUDA GPU (SGLang's engine); this run's "
-                              f"device is {device}")
-        from detent_rl.kernels.programs.sglang.triton_decode import DEFAULT_SPLIT_TILE
-        from detent_rl.rollout.sglang_plugin import split_tile_size
-        sglang_tile = split_tile_size(m.commitment) if m.commitment else DEFAULT_SPLIT_TILE
-    spec = ModelSpec(path=str(checkpoint), arm=recipe.run.arm, device=device, dtype=m.dtype,
-                     max_context=m.max_context, max_batch=max(ro.max_num_seqs, tr.micro_batch_size, batch, 8),
-                     max_num_tokens=max(2048, tr.max_tokens_per_micro_batch or tr.micro_batch_size * m.max_context,
-                                        m.max_context, ro.chunk_size),
-                     commitment=m.commitment, threads=1 if device == "cpu" else 0, tp_size=m.tp_size,
-                     tp_invariant_with=max(m.tp_size, rollout_tp(recipe)) if m.tp_invariant else 0,
-                     sglang_tile=sglang_tile)
+    spec = model_spec(recipe, checkpoint, device)
     rollout_spec = replace(spec, tp_size=rollout_tp(recipe))
     for s, key in ((spec, "model.tp_size"), (rollout_spec, "rollout.tp_size")):
         try:
@@ -96,6 +81,28 @@ def _check_ray_resources(recipe: Recipe, need: dict, have: dict) -> None:
             ranks = f" ({recipe.train.num_gpus} ranks)" if recipe.train.num_gpus > 1 else ""
             raise RecipeError(f"{recipe.source}: rollout.num_engines: {recipe.rollout.num_engines} engine(s) and the "
                               f"trainer{ranks} need {n:g} {kind}(s) of Ray; the cluster has {have.get(kind, 0):g}{hint}")
+
+
+def model_spec(recipe: Recipe, checkpoint: Path, device: str) -> ModelSpec:
+    """The run's model spec: its deployment limits sized for the rollout batch, the trainer's micro-batches
+    and the chunked prefill (what a tuned tuple must record), and the rollout backend's split tile."""
+    m, ro, tr = recipe.model, recipe.rollout, recipe.train
+    batch = ro.prompts_per_step * ro.samples_per_prompt
+    sglang_tile = 0
+    if ro.backend == "sglang":
+        if device != "cuda":
+            raise RecipeError(f"{recipe.source}: rollout.backend: sglang needs a CUDA GPU (SGLang's engine); this run's "
+                              f"device is {device}")
+        from detent_rl.kernels.programs.sglang.triton_decode import DEFAULT_SPLIT_TILE
+        from detent_rl.rollout.sglang_plugin import split_tile_size
+        sglang_tile = split_tile_size(m.commitment) if m.commitment else DEFAULT_SPLIT_TILE
+    return ModelSpec(path=str(checkpoint), arm=recipe.run.arm, device=device, dtype=m.dtype,
+                     max_context=m.max_context, max_batch=max(ro.max_num_seqs, tr.micro_batch_size, batch, 8),
+                     max_num_tokens=max(2048, tr.max_tokens_per_micro_batch or tr.micro_batch_size * m.max_context,
+                                        m.max_context, ro.chunk_size),
+                     commitment=m.commitment, threads=1 if device == "cpu" else 0, tp_size=m.tp_size,
+                     tp_invariant_with=max(m.tp_size, rollout_tp(recipe)) if m.tp_invariant else 0,
+                     sglang_tile=sglang_tile)
 
 
 PLACEMENT_TIMEOUT = 120.0  # s to wait for the placement group's bundles before giving up with the cluster's resources

@@ -106,6 +106,8 @@ def test_every_shipped_recipe_loads(path, tmp_path):
     if source_kind(raw["data"]["source"]) == "file":  # likewise for a local dataset
         (tmp_path / "data.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
         overrides.append(f"data.source={tmp_path / 'data.jsonl'}")
+    if raw["model"].get("commitment"):  # relative to the repository root, where the recipes are run
+        overrides.append(f"model.commitment={RECIPES_DIR.parent / raw['model']['commitment']}")
     r = load_recipe(path, overrides)
     assert r.run.name == path.stem
     if path.stem == "r1d_1.5b_bf16_sanity":
@@ -345,3 +347,24 @@ def test_to_dict_is_plain_and_parses_back(tmp_path):
     assert d["train"]["betas"] == [0.9, 0.999] and isinstance(d["data"]["task_config"], dict)
     assert yaml.safe_load(yaml.safe_dump(d)) == d
     assert parse_recipe(d) == r and isinstance(parse_recipe(d), Recipe)
+
+
+def test_the_h200_grpo_recipe_takes_its_tuned_tuple(tmp_path):
+    """recipes/grpo_qwen2-0.5b_h200.yaml's limits are its tuple's deployment, and the tuple's sites its model's:
+    the run's check (the model built on "meta" with the tuple) accepts it."""
+    import json
+
+    from detent_rl.models.builtin import entry
+    from detent_rl.setup import model_spec
+    tuned = RECIPES_DIR.parent / "bench/tuned/h200_qwen2-0.5b_grpo32x8.json"
+    r = load_recipe(RECIPES_DIR / "grpo_qwen2-0.5b_h200.yaml", [f"model.commitment={tuned}"])
+    ckpt = tmp_path / "qwen2-0.5b"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps(entry("qwen2-0.5b").config))  # the shapes; no weights needed
+    spec = model_spec(r, ckpt, "cuda")
+    assert (spec.max_context, spec.max_batch, spec.max_num_tokens) == (784, 256, 8192)
+    spec.check()
+    with pytest.raises(Exception, match="max_num_tokens"):  # the tuple pins this deployment only
+        model_spec(load_recipe(RECIPES_DIR / "grpo_qwen2-0.5b_h200.yaml", [f"model.commitment={tuned}",
+                                                                           "train.max_tokens_per_micro_batch=4096"]),
+                   ckpt, "cuda").check()
