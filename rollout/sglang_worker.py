@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -139,6 +139,10 @@ class SGLangRolloutWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def placement_group(self) -> Optional[str]:
+        from detent_rl.workers import placement_group_id
+        return placement_group_id()
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -113,3 +113,15 @@ def test_the_tuple_sglang_reads_is_the_trainers_plus_its_split_tile(checkpoint, 
     assert M.configure(str(path), CommitmentTuple.load(path))  # the plugin pins SGLang's layers to it
     assert M._STATE["selections"].deployment == model.selections.deployment
     RESET()
+
+
+def test_the_trainer_recomputes_sglangs_rows_and_records_the_same_tuple(checkpoint):
+    from detent_rl.config import TrainSection
+    from detent_rl.workers import TrainerWorker
+    spec = ModelSpec(path=str(checkpoint), arm="detent", device="cpu", dtype="float32", max_context=256,
+                     max_batch=8, max_num_tokens=256, sglang_tile=128)
+    worker = TrainerWorker(spec, TrainSection())
+    assert worker.trainer.sglang == (128, 256)  # completion_logprobs takes SGLang's kernels
+    tuple_ = worker.commitment()  # what the run records: the SGLang worker's tuple (record_commitment compares)
+    assert tuple_.sha256() == W.commitment_for_sglang(spec.load(device="meta").selections, 128).sha256()
+    assert tuple_.sites[P.SITE].knobs["split_tile_size"] == 128
