@@ -152,11 +152,13 @@ def _merge(into: dict, st: dict) -> None:
 
 
 class Trainer:
+    # (split tile, context) of an SGLang rollout (`rollout.backend: sglang`): its rows recomputed with its kernels
+    sglang: Optional[tuple[int, int]] = None
+
     def __init__(self, model: CausalLM, cfg: TrainSection, ref_model: Optional[CausalLM] = None) -> None:
         if cfg.loss.kl_coef and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.model, self.cfg, self.ref_model = model, cfg, ref_model
-        self.sglang: Optional[tuple[int, int]] = None  # (split tile, context) of an SGLang rollout (rollout.backend)
         model.model.checkpoint_layers = cfg.activation_checkpointing
         self.names = [n for n, _ in model.named_parameters()]  # a tied head appears once
         self.params = [p for _, p in model.named_parameters()]
