@@ -373,12 +373,10 @@ class TrainerWorker:
         return device_uuid(device.index) if device.type == "cuda" else None
 
     def commitment(self) -> CommitmentTuple:
-        """What the trainer runs; with `rollout.backend: sglang` SGLang's split tile too (its rows are
-        recomputed with it): the SGLang worker's tuple, so the run records one."""
-        if self.spec.sglang_tile:
-            from detent_rl.rollout.sglang_worker import commitment_for_sglang
-            return commitment_for_sglang(self.model.selections, self.spec.sglang_tile)
-        return self.model.selections.resolved()
+        """What the trainer runs; with `rollout.backend: sglang` the SGLang worker's tuple (its split tile too)."""
+        from detent_rl.rollout.sglang_worker import commitment_for_sglang
+        tile = self.spec.sglang_tile
+        return commitment_for_sglang(self.model.selections, tile) if tile else self.model.selections.resolved()
 
     def save_state(self, path: str | os.PathLike) -> None:
         """Writes the trainer's state (masters, optimizer, schedule) to `path`, streamed from the live tensors

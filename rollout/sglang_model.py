@@ -157,7 +157,6 @@ class _RopeConfig:
 
     def __init__(self, rope: Any) -> None:
         self.head_dim = rope.rotary_dim
-        self.hidden_size, self.num_attention_heads = rope.rotary_dim, 1
         self.rope_parameters = {"rope_type": "default", "rope_theta": float(rope.base)}
 
 

@@ -42,21 +42,17 @@ from detent_rl.rollout import sglang_plugin as P
 from detent_rl.rollout.sequence import SamplingParams
 from detent_rl.weight_sync import WeightUpdate
 
-DTYPES = {"bfloat16": "bfloat16", "float32": "float32", "float16": "float16"}
-MEM_FRACTION = 0.5
+MEM_FRACTION = 0.5  # weights + KV pool: half the GPU, the other half the colocated trainer's
 
 
 def engine_args(spec: Any, rollout: Any) -> dict:
     """`sglang.Engine`'s keyword arguments (ServerArgs fields) for a run's model spec and rollout section."""
-    args = dict(model_path=spec.path, dtype=DTYPES[spec.dtype], attention_backend="triton", sampling_backend="pytorch",
+    return dict(model_path=spec.path, dtype=spec.dtype, attention_backend="triton", sampling_backend="pytorch",
                 skip_tokenizer_init=True, context_length=spec.max_context,
                 max_running_requests=min(rollout.max_num_seqs, spec.max_batch),
                 chunked_prefill_size=min(rollout.chunk_size, spec.max_num_tokens),
                 max_prefill_tokens=spec.max_num_tokens, random_seed=0, enable_deterministic_inference=False,
-                disable_cuda_graph=rollout.cuda_graphs == "off", log_level="error",
-                # weights + KV pool: half the GPU, the other half the colocated trainer's
-                mem_fraction_static=MEM_FRACTION)
-    return args
+                disable_cuda_graph=rollout.cuda_graphs == "off", log_level="error", mem_fraction_static=MEM_FRACTION)
 
 
 def sampling_params(p: SamplingParams) -> dict:
@@ -108,13 +104,11 @@ class SGLangRolloutWorker:
         if spec.tp_size != 1:
             raise ValueError("rollout.backend: sglang runs one GPU per engine here (SGLang's TP is pinned by the "
                              "plugin, but the worker does not start it yet)")
-        self.spec, self.rollout = spec, rollout
         self.model = spec.load(device="meta")  # the selections and parameter layout, no weights
-        self.tile = spec.sglang_tile
-        self.dir = Path(tempfile.mkdtemp(prefix="detent_sglang_"))
-        self.tuple_path = self.dir / "commitment.json"
-        commitment_for_sglang(self.model.selections, self.tile).save(self.tuple_path)
-        os.environ[P.ENV_COMMITMENT] = str(self.tuple_path)  # SGLang's processes inherit it
+        self.tuple = commitment_for_sglang(self.model.selections, spec.sglang_tile)
+        path = Path(tempfile.mkdtemp(prefix="detent_sglang_")) / "commitment.json"
+        self.tuple.save(path)
+        os.environ[P.ENV_COMMITMENT] = str(path)  # SGLang's processes inherit it
         import sglang
         self.engine = sglang.Engine(**{**engine_args(spec, rollout), **engine_overrides})
 
@@ -132,7 +126,7 @@ class SGLangRolloutWorker:
         return update.digest.hex
 
     def commitment(self) -> CommitmentTuple:
-        return CommitmentTuple.load(self.tuple_path)
+        return self.tuple
 
     def device_uuid(self) -> None:
         return None  # SGLang's own processes hold the GPU: weights go by host copies (update_weights)

@@ -152,8 +152,7 @@ def _merge(into: dict, st: dict) -> None:
 
 
 class Trainer:
-    # (split tile, context) of an SGLang rollout (`rollout.backend: sglang`): its rows recomputed with its kernels
-    sglang: Optional[tuple[int, int]] = None
+    sglang: Optional[tuple[int, int]] = None  # an SGLang rollout's (split tile, context): its rows, its kernels
 
     def __init__(self, model: CausalLM, cfg: TrainSection, ref_model: Optional[CausalLM] = None) -> None:
         if cfg.loss.kl_coef and ref_model is None:
