@@ -37,6 +37,10 @@ def test_tuned_tuple_is_legal_loadable_and_keeps_invariance(tmp_path):
     assert all(r.measured == r.grid for r in report.sites if r.grid <= 8)  # small grids: measured whole
     assert all(r.calls > 0 for r in report.sites)
     assert report.measured_s is not None and report.additivity_error is not None
+    assert report.default_s > 0 and report.rounds == 1  # the model's tuple, timed beside the tuned one
+    gains = sum(s.default_s - s.best_s for s in report.sites)
+    assert report.predicted_s == pytest.approx(report.default_s - gains, rel=1e-12, abs=0)
+    assert f"saving measured {report.default_s - report.measured_s:.3f} s, predicted {gains:.3f} s" in report.render()
     assert report.untuned == [] and "attention" in measured  # attention's grid searched too
     attention = next(r for r in report.sites if r.key == "attention")
     assert attention.grid > 8 and attention.measured <= max(8, BUDGET * attention.grid)
@@ -86,6 +90,45 @@ def test_exhaustive_check_measures_every_distinct_candidate_beside_the_search(tm
     assert "search over exhaustive" in report.render()
     _, plain = tune(model, workload, repeats=1, families=("attention",), log=lambda _: None)
     assert all(s.exhaustive is None for s in plain.sites) and "search over exhaustive" not in plain.render()
+    # no build, no check: the prediction falls back to the profiled run
+    assert plain.default_s is None and plain.measured_s is None and plain.additivity_error is None
+    gains = sum(s.default_s - s.best_s for s in plain.sites)
+    assert plain.predicted_s == pytest.approx(plain.profiled_s - gains, rel=1e-12, abs=0)
+    assert "not measured" in plain.render() and "saving measured" not in plain.render()
+
+
+def test_check_times_both_engines_alternately_and_predicts_from_the_default(tmp_path, monkeypatch):
+    """The check runs the workload on the profiled engine and the tuned one in turn, `repeats` rounds
+    (which goes first alternating), and predicts from the default's median beside the tuned one, not from the profiled (recorded) run.
+    The runs are real; the seconds they report are scripted, so medians, order and fallback are exact."""
+    path = save(hf_model("qwen2"), tmp_path / "m")
+    model = load_model(path, "detent", dtype=torch.float32, **LIMITS)
+    # warm-up, profile, tuned warm-up, then 3 rounds, which one goes first alternating: (default, tuned),
+    # (tuned, default), (default, tuned); medians 2.2 and 1.7, neither the last round's (2.9, 1.5) nor
+    # the mean (2.37, 1.9)
+    scripted = iter([9.0, 5.0, 9.0, 2.0, 1.7, 2.5, 2.2, 2.9, 1.5])
+    engines = []
+    real = Workload.run
+
+    def run(self, engine):
+        real(self, engine)
+        engines.append(engine)
+        return next(scripted)
+    monkeypatch.setattr(Workload, "run", run)
+    build = lambda t: load_model(path, "detent", dtype=torch.float32, commitment=t, **LIMITS)  # noqa: E731
+    _, report = tune(model, Workload(prompts=2, prompt_len=12, new_tokens=3, micro_batch=2), build=build, repeats=3,
+                     families=("log_softmax",), log=lambda _: None)
+    default, tuned = engines[0], engines[2]
+    assert default is not tuned and engines == [default, default, tuned] + [default, tuned, tuned, default, default, tuned]
+    assert (report.profiled_s, report.default_s, report.measured_s, report.rounds) == (5.0, 2.2, 1.7, 3)
+    assert report.sites and report.measured_saving_s == pytest.approx(0.5)
+    gains = sum(s.default_s - s.best_s for s in report.sites)
+    assert report.predicted_saving_s == gains and report.predicted_s == pytest.approx(2.2 - gains, rel=1e-12, abs=0)
+    assert report.additivity_error == pytest.approx(abs(1.7 - (2.2 - gains)) / 1.7)
+    text = report.render()
+    assert "profiled run (model's tuple, selector calls recorded, once): 5.000 s" in text
+    assert (f"medians of 3 alternating rounds: 2.200 -> 1.700 s; saving measured 0.500 s, predicted {gains:.3f} s"
+            in text)
 
 
 def test_search_measures_a_tenth_of_a_large_grid_and_reaches_the_separable_optimum():
