@@ -60,6 +60,10 @@ class Workload:
     def run(self, engine: Engine) -> float:
         """Seconds to generate and rescore the workload on `engine` (synchronised on the GPU); its
         prefix cache is flushed first, so every run does the same work."""
+        return sum(self.run_phases(engine))
+
+    def run_phases(self, engine: Engine) -> tuple[float, float]:
+        """`run`'s seconds by phase: (generate, rescore)."""
         model = engine.model
         g = torch.Generator().manual_seed(0)
         group = torch.randint(0, model.config.vocab_size, (self.prompts, self.prompt_len), generator=g).tolist()
@@ -69,9 +73,11 @@ class Workload:
         sync(model.device)
         t0 = time.perf_counter()
         seqs = engine.generate(prompts, params)
+        sync(model.device)
+        t1 = time.perf_counter()
         with torch.inference_mode():
             for i in range(0, len(seqs), self.micro_batch):
                 part = seqs[i:i + self.micro_batch]
                 completion_logprobs(model, [(s.tokens, s.num_prompt) for s in part], [1.0] * len(part))
         sync(model.device)
-        return time.perf_counter() - t0
+        return t1 - t0, time.perf_counter() - t1
