@@ -94,9 +94,14 @@ def run(recipe: Recipe, resume: Optional[str] = None) -> int:
             try:
                 while step < steps:
                     step += 1
-                    train_step(recipe, setup, rollout, trainer, sampler.next_batch(), step, log, transport)
-                    if recipe.checkpoint.every and (step % recipe.checkpoint.every == 0 or step == steps):
-                        save_checkpoint(run_dir, step, trainer, sampler, recipe.checkpoint.keep)
+                    metrics = train_step(recipe, setup, rollout, trainer, sampler.next_batch(), step, log, transport)
+                    try:  # the step's line is written even if its checkpoint fails
+                        if recipe.checkpoint.every and (step % recipe.checkpoint.every == 0 or step == steps):
+                            t_save = time.perf_counter()
+                            save_checkpoint(run_dir, step, trainer, sampler, recipe.checkpoint.keep)
+                            metrics["checkpoint_time_s"] = time.perf_counter() - t_save
+                    finally:
+                        log.metrics(step, metrics)
             except MismatchError as e:
                 log.close()
                 raise MismatchError(f"{e}; report: {write_report(run_dir)}", e.record) from None
@@ -220,7 +225,8 @@ def sync_weights(rollout: WorkerGroup, trainer: WorkerGroup, transport: str, tp:
 
 
 def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: WorkerGroup, tasks: list[Task],
-               step: int, log: RunLog, transport: str) -> None:
+               step: int, log: RunLog, transport: str) -> dict:
+    """One step; its metrics, for the caller to log once the step's checkpoint (if due) is timed too."""
     ro = recipe.rollout
     t0 = time.perf_counter()
     ids = [(t, j) for t in tasks for j in range(ro.samples_per_prompt)]
@@ -285,9 +291,9 @@ def train_step(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup, trainer: W
                **asdict(stats)}
     if recipe.eval.every and setup.eval_tasks and step % recipe.eval.every == 0:
         metrics["eval_reward"] = evaluate(recipe, setup, rollout)
-    log.metrics(step, metrics)
     log.samples(step, [{"request_id": s.request_id, "seed": s.seed, "reward": s.reward, "advantage": s.advantage,
                         "completion": s.meta["text"]} for s in samples])
+    return metrics
 
 
 def evaluate(recipe: Recipe, setup: RunSetup, rollout: WorkerGroup) -> float:

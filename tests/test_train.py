@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# wall-clock fields differ between runs, and so does the placement's transport
 TIMING = {"step_time_s", "rollout_time_s", "tokens_per_s", "weight_sync_s", "reward_time_s", "rescore_time_s",
-          "train_time_s", "weight_sync"}  # wall-clock fields differ between runs, and the placement's transport
+          "train_time_s", "weight_sync", "checkpoint_time_s"}
 
 RECIPE = """
 run: {{name: t, dir: {dir}, arm: {arm}, device: cpu}}
@@ -175,6 +176,9 @@ def test_a_dead_engine_replica_stops_the_run_clearly_and_it_resumes_to_the_same_
 def test_a_killed_run_resumes_to_the_uninterrupted_runs_bits(tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     _driver(_recipe(tmp_path, whole), "ray.mode=inline")
+    rows = [json.loads(x) for x in (whole / "metrics.jsonl").read_text().splitlines()]
+    saved = {r["step"]: r["checkpoint_time_s"] for r in rows if "checkpoint_time_s" in r}  # every 3 steps, of 6
+    assert len(rows) == 6 and sorted(saved) == [3, 6] and all(t > 0 for t in saved.values()), saved
     proc = _driver(_recipe(tmp_path, killed), "ray.mode=inline", wait=False)
     deadline = time.time() + 600
     while not (killed / "checkpoints" / "step_000003").is_dir():
