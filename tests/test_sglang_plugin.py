@@ -205,6 +205,45 @@ print("attention ok", s_alone, s_batch)
     assert proc.returncode == 0 and "attention ok" in proc.stdout, proc.stderr[-3000:]
 
 
+def test_the_benchmarks_extend_and_moe_cases_run_sglangs_kernels_as_sglang_does():
+    """The H200 benchmark's helpers (tests/sglang_kernel_cases.py), interpreted in fp32. Extend: both
+    arms' rows equal causal attention; alone = in a batch under either; a prompt in two chunks (half
+    cached) changes its bits under the two-stage stock kernel (the control) and not under the one-stage
+    one. Fused MoE: SGLang's kernel through our expert alignment equals the per-token reference (an
+    alignment that mixed tokens or experts would not), and the arms' configs are SGLang's — the row
+    nearest M (stock), the deterministic default, one row for every M (the plugin)."""
+    proc = run_interpreted(PRELUDE + """
+import torch
+from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe_triton_config as F
+from sglang_kernel_cases import EXTEND_ARMS, Prompts, moe_config, moe_up
+p = Prompts([40, 24, 33], num_head=4, num_kv_head=2, dim=16, dtype=torch.float32, device="cpu")
+k, v = (x[:40].repeat_interleave(2, 1).transpose(0, 1) for x in (p.k, p.v))
+ref = torch.nn.functional.scaled_dot_product_attention(p.q[:40].transpose(0, 1), k, v, is_causal=True).transpose(0, 1)
+same = {}
+for arm in EXTEND_ARMS:
+    whole = p.rows(arm, 0, [[(0, 0, 40)]])
+    assert (whole - ref).abs().max() < 1e-5, arm
+    assert torch.equal(whole, p.rows(arm, 0, [[(0, 0, 40), (1, 0, 24), (2, 0, 33)]])), arm
+    same[arm] = torch.equal(whole, p.rows(arm, 0, [[(0, 0, 17)], [(0, 17, 23), (1, 0, 24), (2, 0, 33)]]))
+assert same == {"stock": False, "unified": True}, same
+g = torch.Generator().manual_seed(0)
+w1, x = torch.randn(8, 32, 32, generator=g), torch.randn(10, 32, generator=g)
+ids = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(10)]).to(torch.int32)
+run, out = moe_up(x, w1, ids, torch.rand(10, 2, generator=g),
+                  {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1})
+run()
+want = torch.stack([torch.stack([x[t] @ w1[ids[t, j]].T for j in range(2)]) for t in range(10)])
+assert (out - want).abs().max() < 1e-4, (out - want).abs().max()
+F.get_device_name = lambda: "NVIDIA H200"
+shapes = ((128, 1536, 2048), (128, 2048, 768), 8)
+cfg = {(arm, m): moe_config(arm, *shapes, m) for arm in ("stock", "deterministic", "detent") for m in (1, 512)}
+assert cfg["stock", 1] != cfg["stock", 512], "control: SGLang's table gives 1 and 512 tokens other rows"
+assert cfg["deterministic", 1] == cfg["deterministic", 512] and cfg["detent", 1] == cfg["detent", 512]
+print("cases ok")
+""")
+    assert proc.returncode == 0 and "cases ok" in proc.stdout, proc.stderr[-3000:]
+
+
 def test_requests_need_their_own_seed(fresh_sglang):
     """Seedless (and min-p) requests are refused once the hooks are applied, not before (the control);
     a batch carries each request's own seed, so SGLang's sampler takes its seeded path. (That sampler
