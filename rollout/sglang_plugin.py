@@ -41,10 +41,17 @@ What it pins now:
 - **FA3 backend.** One KV split in prefill and decode (its splits are equal parts of a row's length,
   so only one keeps the bits): SGLang's own deterministic setting without its process-wide mode; not
   yet checked on a GPU here, and the trainer-side reproduction below exists for the Triton backend
-  only. FA4 (the same class) is refused. FlashInfer is not pinned: its `__init__` builds its decode
-  wrappers with the tensor-core choice and sizes its workspace before any AFTER hook could change
-  them, and its ragged (chunk + prefix) prefill follows the process-wide deterministic flag, so its
-  pins need SGLang's deterministic configuration in force during `__init__`.
+  only. FA4 (the same class) is refused.
+- **FlashInfer backend.** One KV split in prefill and decode. Its `__init__` builds the decode
+  wrappers with the tensor-core choice and sizes the workspace, and its prefill leaves the ragged
+  (prefix-less) kernel for the paged one only under SGLang's deterministic flag, so the hook runs
+  `__init__` with that flag in force (SGLang's scoped override; the process-wide mode stays off) and
+  SGLang's split-tile variables set to the context length: SGLang's own deterministic path (tensor-core
+  decode, paged prefill with or without a prefix, fixed split sizes, no split-KV in its CUDA graphs),
+  with a tile that leaves one split. One split, because the captured graphs plan decode without
+  split-KV while eager decode splits at the tile: only a tile covering the context makes the two
+  agree. Checked on the CPU against SGLang's runtime context; not run on a GPU (FlashInfer is not
+  on the device), and no trainer-side reproduction (the trainer reproduces the Triton backend).
 - **Tensor-parallel all-reduce (TP > 1).** SGLang's custom all-reduce v2 picks one of five algorithms
   by message size (`_pick_config`), each adding the ranks' partial sums in its own order, and hands
   oversized, unaligned or strided messages to NCCL. The transcribed program (`custom_allreduce_v2`),
@@ -83,6 +90,8 @@ from detent_rl.selir.solver import solve
 SUPPORTED_VERSIONS = ("0.5.23",)
 TRITON_BACKEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend"
 FA3_BACKEND = "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend"
+FLASHINFER_BACKEND = "sglang.srt.layers.attention.flashinfer_backend.FlashInferAttnBackend"
+FLASHINFER_TILES = ("SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE", "SGLANG_FLASHINFER_DECODE_SPLIT_TILE_SIZE")
 SAMPLING_PARAMS = "sglang.srt.sampling.sampling_params.SamplingParams"
 SAMPLING_BATCH = "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo"
 MOE_CONFIG = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config.try_get_optimal_moe_config"
@@ -189,6 +198,7 @@ def register(commitment: Optional[os.PathLike | str] = None) -> None:
         return
     HookRegistry.register(f"{TRITON_BACKEND}.__init__", pin_backend, HookType.AFTER)
     HookRegistry.register(f"{FA3_BACKEND}.__init__", pin_fa3_backend, HookType.AFTER)
+    HookRegistry.register(f"{FLASHINFER_BACKEND}.__init__", pin_flashinfer_backend, HookType.AROUND)
     HookRegistry.register(f"{TRITON_BACKEND}.get_num_kv_splits", pinned_num_kv_splits, HookType.REPLACE)
     HookRegistry.register(MOE_CONFIG, pinned_moe_config, HookType.AROUND)
     HookRegistry.register(f"{SAMPLING_PARAMS}.verify", require_seed, HookType.AFTER)
@@ -246,6 +256,26 @@ def pin_fa3_backend(result: Any, backend: Any, *args: Any, **kwargs: Any) -> Non
                                 f"--attention-backend triton (or fa3)")
     backend.num_splits = 1
     backend.decode_num_splits = 1
+
+
+def pin_flashinfer_backend(original: Any, backend: Any, model_runner: Any, *args: Any, **kwargs: Any) -> None:
+    """Around FlashInferAttnBackend.__init__: SGLang's deterministic flag in force while it runs (the
+    scoped override of SGLang's runtime context), and its prefill and decode split tiles set to the
+    model's context length, so the backend it builds takes SGLang's deterministic path with one split
+    (module docstring). The variables and the flag are put back after."""
+    from sglang.srt.runtime_context import get_exec
+    tile = str(max(1, int(model_runner.model_config.context_len)))
+    saved = {name: os.environ.get(name) for name in FLASHINFER_TILES}
+    os.environ.update({name: tile for name in FLASHINFER_TILES})
+    try:
+        with get_exec().deterministic.override(enable_deterministic_inference=True):
+            original(backend, model_runner, *args, **kwargs)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def pinned_num_kv_splits(backend: Any, num_kv_splits: torch.Tensor, seq_lens: torch.Tensor,

@@ -46,6 +46,7 @@ def plugin_reset():
     from detent_rl.rollout import sglang_plugin as P
     if not _PRISTINE:
         targets = [P.TRITON_BACKEND + ".__init__", P.TRITON_BACKEND + ".get_num_kv_splits",
+                   P.FLASHINFER_BACKEND + ".__init__",
                    P.SAMPLING_PARAMS + ".verify", P.SAMPLING_BATCH + ".from_schedule_batch",
                    P.ALLREDUCE + ".__init__", P.ALLREDUCE + "._pick_config", P.ALLREDUCE + ".should_custom_ar",
                    P.GROUP + ".all_reduce"]

@@ -4,6 +4,7 @@ subprocess (TRITON_INTERPRET is read at import): logic and bits of that CPU run,
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -80,6 +81,47 @@ def test_fa3_keeps_one_split_and_fa4_is_refused():
     assert (be.num_splits, be.decode_num_splits) == (1, 1)
     with pytest.raises(P.SGLangPluginError, match="runs FlashAttention 4"):
         P.pin_fa3_backend(None, SimpleNamespace(num_splits=0, decode_num_splits=0, fa_impl_ver=4))
+
+
+def test_flashinfer_is_built_on_sglangs_deterministic_path_with_one_split(fresh_sglang, monkeypatch):
+    """The hook runs FlashInferAttnBackend.__init__ with SGLang's deterministic flag in force and its
+    split-tile variables at the context length (what that __init__ reads: its own source assigns the
+    fields from the flag and names the variables, so a renamed one in another version fails here),
+    inside SGLang's real runtime context; after it, even when __init__ raises, flag and variables are
+    as they were. Control: the same __init__ stand-in run unhooked sees the flag off and no tiles."""
+    import importlib.util
+
+    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+    from sglang.srt.runtime_context import get_context, get_exec, reset_context
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.utils.common import get_int_env_var
+    assert {"enable_deterministic", "decode_use_tensor_cores", "prefill_split_tile_size", "decode_split_tile_size",
+            "disable_cuda_graph_kv_split"} <= _init_assigns(P.FLASHINFER_BACKEND)
+    source = Path(importlib.util.find_spec(P.FLASHINFER_BACKEND.rsplit(".", 1)[0]).origin).read_text()
+    assert all(f'"{name}"' in source for name in P.FLASHINFER_TILES)
+    monkeypatch.delenv(P.FLASHINFER_TILES[0], raising=False)
+    monkeypatch.setenv(P.FLASHINFER_TILES[1], "2048")  # a user's own value, put back after
+    seen = []
+
+    def init(backend, runner):  # what SGLang's __init__ reads, recorded
+        seen.append((get_exec().deterministic.enable_deterministic_inference,
+                     [get_int_env_var(n, -1) for n in P.FLASHINFER_TILES]))
+    runner = SimpleNamespace(model_config=SimpleNamespace(context_len=40960))
+    get_context().set_server_args(ServerArgs(model_path="x", device="cpu"))
+    try:
+        init(None, runner)
+        P.pin_flashinfer_backend(init, None, runner)
+        assert seen == [(False, [-1, 2048]), (True, [40960, 40960])], seen
+        pristine = FlashInferAttnBackend.__init__
+        P.register()
+        HookRegistry.apply_hooks()
+        assert FlashInferAttnBackend.__init__ is not pristine
+        with pytest.raises(AttributeError):  # SGLang's own __init__, hooked, on a runner without its pools
+            FlashInferAttnBackend(runner)
+        assert not get_exec().deterministic.enable_deterministic_inference
+    finally:
+        reset_context()
+    assert P.FLASHINFER_TILES[0] not in os.environ and os.environ[P.FLASHINFER_TILES[1]] == "2048"
 
 
 def test_an_unsupported_sglang_is_refused_by_name():
