@@ -234,6 +234,8 @@ def tune(model: CausalLM, workload: Workload, *, build: Optional[Callable[[Commi
     compared with the exhaustive best (the two re-timed side by side, `repeats` rounds each, so the
     minimum of many noisy timings does not flatter either). The model and its tuple are left as they
     were."""
+    if repeats < 1:
+        raise ValueError(f"repeats is {repeats}: at least 1 timing per candidate and one round of the check")
     sel = model.selections
     if sel.arm != "detent":
         raise ValueError(f"tuning commits pins of the detent arm; this model's arm is {sel.arm}")
@@ -352,6 +354,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help=f"comma-separated families to search, of {', '.join(TUNED)} (the rest keep the tuple's values)")
     ap.add_argument("--out", required=True, help="the commitment-tuple JSON to write")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: at least 1 (timings per candidate call, and the check's rounds)")
     given = {name: getattr(args, name) for name in limits if getattr(args, name) is not None}
     if args.recipe:
         if given:

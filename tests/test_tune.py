@@ -215,6 +215,11 @@ def test_cli_and_its_errors(tmp_path, capsys):
         main(["--model", str(path), "--prompts", "0", "--out", str(out)])
     assert "workload prompts must be >= 1, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
+        main(["--model", str(path), "--repeats", "0", "--out", str(out)])
+    assert "--repeats 0: at least 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="repeats is 0"):
+        tune(load_model(path, "detent", dtype=torch.float32, **LIMITS), Workload(1, 4, 1), repeats=0)
+    with pytest.raises(SystemExit):
         main(["--recipe", "r.yaml", "--max-batch", "8", "--out", str(out)])
     assert "--recipe sets the deployment limits; max_batch cannot be given with it" in capsys.readouterr().err
     stock = load_model(path, "stock", dtype=torch.float32, **LIMITS)
