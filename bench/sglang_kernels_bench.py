@@ -100,7 +100,6 @@ def decode(args) -> None:
         print(f"| {case} | " + " | ".join(cells) + " | " + " ".join(bits) + " |", flush=True)
 
 
-
 def extend(args) -> None:
     from sglang_kernel_cases import EXTEND_ARMS, Prompts
     heads, kv_heads, dim = (int(v) for v in args.heads.split(","))

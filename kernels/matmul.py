@@ -115,14 +115,22 @@ def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, M, N, K, num
 
 
 @triton.jit
-def _fold_chunks(ws_ptr, b_ptr, out_ptr, offs_m, offs_n, mask, M, N, num_chunks, stride_om, stride_on,
-                 HAS_BIAS: tl.constexpr):
-    """`combine_splits` for one tile, inside the matmul kernel: the fp32 chunk sums read back from the
-    workspace (from L2: `.cg`) and added in chunk order, then the bias, then one rounding."""
-    offs = offs_m[:, None] * N + offs_n[None, :]
+def _chunk_sum(ws_ptr, offs, mask, MN, num_chunks):
+    """The fp32 chunk sums at workspace offsets `offs` ([chunks, M, N], MN = M * N apart), added in chunk
+    order: the combine that fixes a parallel row's bits, shared by the reduce kernel and the in-kernel
+    fold (read from L2, `.cg`: the fold reads other programs' stores)."""
     acc = tl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
     for s in range(1, num_chunks):
-        acc += tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    return acc
+
+
+@triton.jit
+def _fold_chunks(ws_ptr, b_ptr, out_ptr, offs_m, offs_n, mask, M, N, num_chunks, stride_om, stride_on,
+                 HAS_BIAS: tl.constexpr):
+    """`combine_splits` for one tile, inside the matmul kernel: the chunk sums in order, then the bias,
+    then one rounding."""
+    acc = _chunk_sum(ws_ptr, offs_m[:, None] * N + offs_n[None, :], mask, M * N, num_chunks)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on, acc.to(out_ptr.dtype.element_ty),
@@ -135,9 +143,7 @@ def _splitk_reduce_kernel(ws_ptr, b_ptr, out_ptr, M, N, stride_om, stride_on,
     pdl_enter(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M * N
-    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):  # partials added in split order, always
-        acc += tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0)
+    acc = _chunk_sum(ws_ptr, offs, mask, M * N, SPLIT_K)  # partials added in split order, always
     n = offs % N
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=mask, other=0.0).to(tl.float32)

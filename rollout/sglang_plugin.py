@@ -263,19 +263,13 @@ def pin_flashinfer_backend(original: Any, backend: Any, model_runner: Any, *args
     scoped override of SGLang's runtime context), and its prefill and decode split tiles set to the
     model's context length, so the backend it builds takes SGLang's deterministic path with one split
     (module docstring). The variables and the flag are put back after."""
+    from unittest import mock
+
     from sglang.srt.runtime_context import get_exec
     tile = str(max(1, int(model_runner.model_config.context_len)))
-    saved = {name: os.environ.get(name) for name in FLASHINFER_TILES}
-    os.environ.update({name: tile for name in FLASHINFER_TILES})
-    try:
-        with get_exec().deterministic.override(enable_deterministic_inference=True):
-            original(backend, model_runner, *args, **kwargs)
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    with mock.patch.dict(os.environ, {name: tile for name in FLASHINFER_TILES}), \
+            get_exec().deterministic.override(enable_deterministic_inference=True):
+        original(backend, model_runner, *args, **kwargs)
 
 
 def pinned_num_kv_splits(backend: Any, num_kv_splits: torch.Tensor, seq_lens: torch.Tensor,
