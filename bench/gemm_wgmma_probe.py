@@ -1,9 +1,9 @@
 """Probe: the K-partition linear's sequential form as hand-issued warpgroup MMAs (Gluon) vs cuBLAS.
 
-    python3 -P bench/gemm_wgmma_probe.py [--ms 256,512,2048,8192] [--cases down05,down15,...]
+    python3 -P bench/gemm_wgmma_probe.py [--ms 128,256,512,2048,8192] [--cases down05,down15,...]
 
 For each site and M: cuBLAS, `linear`'s best sequential and parallel schedules (the plain Triton
-kernel), and `matmul_wgmma.linear_wgmma` at each ring depth / BLOCK_K, every output compared bit for
+kernel), and `matmul_wgmma.linear_wgmma` at each tile / BLOCK_K / ring depth, every output compared bit for
 bit with `linear`'s of the same partition (sequential and parallel forms). Times: CUDA-graph replays
 over cold weight copies (`timing.cold_copies`), median us.
 """
@@ -17,17 +17,19 @@ import triton
 import triton.testing
 
 from detent_rl.kernels.matmul import linear
-from detent_rl.kernels.matmul_wgmma import applies, linear_wgmma
+from detent_rl.kernels.matmul_wgmma import applies, linear_wgmma, tile_fits
 from detent_rl.timing import cold_copies
 
 CASES = {  # n, k, bias, chunk (the default tuple's partition)
     "down05": (896, 4864, False, 640), "down15": (1536, 8960, False, 1792),
     "qkv05": (1152, 896, True, 896), "o05": (896, 896, False, 896), "gate_up05": (9728, 896, False, 896),
-    "qkv15": (2048, 1536, True, 1536), "gate_up15": (17920, 1536, False, 1536),
+    "qkv15": (2048, 1536, True, 1536), "gate_up15": (17920, 1536, False, 1536), "o15": (1536, 1536, False, 1536),
+    "lm05": (151936, 896, False, 896),
 }
-SEQ = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 32, 8, 3), (64, 128, 64, 4, 3)]
+SEQ = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 32, 8, 3), (64, 128, 64, 4, 3), (64, 64, 64, 4, 3)]
 PAR = [(16, 64, 64, 4, 3), (32, 64, 64, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 4, 3)]
-WGMMA = [(64, 3), (64, 4), (128, 3)]  # block_k, ring buffers
+WGMMA = [(128, 128, 64, 4), (128, 128, 128, 3), (64, 64, 64, 4), (64, 64, 64, 6), (64, 128, 64, 4),
+         (64, 256, 64, 3), (128, 256, 64, 3)]  # block_m, block_n, block_k, ring buffers (tile_fits filters)
 
 
 def timed(fn) -> float:
@@ -63,26 +65,26 @@ def main() -> None:
                                             block_k=bk, num_warps=wp, num_stages=st)), (bm, bn, bk, wp, st))
                       for bm, bn, bk, wp, st in PAR) if chunk < k else (float("inf"), None)
             best, same, errors, each = (float("inf"), None), True, [], []
-            for bk, ring in WGMMA:
-                if chunk % bk:
+            for bm, bn, bk, ring in WGMMA:
+                if chunk % bk or not tile_fits(bm, bn, chunk < k):
                     continue
-                kw = dict(chunk=chunk, block_k=bk, num_buffers=ring)
+                kw = dict(chunk=chunk, block_k=bk, num_buffers=ring, block_m=bm, block_n=bn)
                 try:
                     out = linear_wgmma(x, w0, b, **kw)
                 except Exception as e:  # noqa: BLE001 - a probe reports what does not compile or launch
-                    errors.append(f"{(bk, ring)}: {type(e).__name__}: {str(e)[:160]}")
+                    errors.append(f"{(bm, bn, bk, ring)}: {type(e).__name__}: {str(e)[:160]}")
                     continue
                 if not (torch.equal(out, ref) and torch.equal(out, par_ref)):
                     same = False
-                    errors.append(f"{(bk, ring)}: {int((out != ref).sum())} of {ref.numel()} outputs differ from "
-                                  f"linear's; max |diff| {float((out.float() - ref.float()).abs().max()):.3g}")
-                each.append((timed(lambda: linear_wgmma(x, w(), b, **kw)), (bk, ring)))
+                    errors.append(f"{(bm, bn, bk, ring)}: {int((out != ref).sum())} of {ref.numel()} outputs differ "
+                                  f"from linear's; max |diff| {float((out.float() - ref.float()).abs().max()):.3g}")
+                each.append((timed(lambda: linear_wgmma(x, w(), b, **kw)), (bm, bn, bk, ring)))
                 best = min(best, each[-1])
             lin = min(seq[0], par[0])
             print(f"| {case} | {m} | {cublas:.1f} | {seq[0]:.1f} {seq[1]} | {par[0]:.1f} {par[1] or ''} | "
                   f"{best[0]:.1f} {best[1]} | {best[0] / cublas:.2f}x | {lin / cublas:.2f}x | "
                   f"{'=' if same else 'DIFF'} |", flush=True)
-            print("    wgmma each (bk, ring): " + ", ".join(f"{c} {t:.1f}" for t, c in each))
+            print("    wgmma each (bm, bn, bk, ring): " + ", ".join(f"{c} {t:.1f}" for t, c in each))
             for e in errors[:3]:
                 print("   ", e)
 

@@ -2,7 +2,7 @@
 selection's schedule table and its default K partition are chosen from.
 
     python3 bench/matmul_sweep.py [--models 0.5b,1.5b] [--chunks 128,256,512,0] [--ms 1,8,32,128,512,2048,8192]
-        [--sites down,qkv] [--parallel-up-to 128] [--flat] [--fold]
+        [--sites down,qkv] [--parallel-up-to 128] [--flat]
 
 For each linear site of the Qwen2-0.5B / 1.5B configs, each M and each K partition (`chunk`, 0 = one
 chunk of all K): cuBLAS (`torch.nn.functional.linear`), and our `linear`'s best parallel and best
@@ -42,13 +42,13 @@ def timed(fn) -> float:
     return triton.testing.do_bench_cudagraph(fn, rep=10) * 1e3
 
 
-def sweep(x, w, b, chunk, parallel, grid, ref_row, flat=False, fold=False):
+def sweep(x, w, b, chunk, parallel, grid, ref_row, flat=False):
     best, ok = (float("inf"), None), True
     for bm, bn, bk, warps, stages in grid:
         if chunk % bk:
             continue
         fn = lambda: linear(x, w(), b, chunk=chunk, parallel=parallel, block_m=bm, block_n=bn, block_k=bk,
-                            num_warps=warps, num_stages=stages, flat=flat, fold=fold)
+                            num_warps=warps, num_stages=stages, flat=flat)
         out = fn()
         if ref_row is not None and not torch.equal(out[0], ref_row):
             ok = False
@@ -65,16 +65,13 @@ def main() -> None:
     ap.add_argument("--parallel-up-to", type=int, default=128, help="the largest M the parallel form is tried at")
     ap.add_argument("--flat", action="store_true", help="also the sequential schedule as one flat loop over K "
                                                           "(`linear(flat=True)`), where K has several chunks")
-    ap.add_argument("--fold", action="store_true", help="also the parallel schedule with the chunk sums combined "
-                                                          "in the matmul kernel (`linear(fold=True)`, one launch)")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
     rows = []
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; us per call")
-    print("| model | site | M | cuBLAS | chunk | parallel best | folded best | sequential best | flat best | "
-          "best / cuBLAS | bits |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | site | M | cuBLAS | chunk | parallel best | sequential best | flat best | best / cuBLAS | bits |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     g = torch.Generator(device="cuda").manual_seed(0)
     for model in args.models.split(","):
         for name, n, k, bias in SITES[model]:
@@ -99,15 +96,13 @@ def main() -> None:
                     seq, ok2 = sweep(x, w, b, chunk, False, SEQUENTIAL, ref_row)
                     flat, ok3 = sweep(x, w, b, chunk, False, SEQUENTIAL, ref_row, flat=True) \
                         if args.flat and chunk < k else ((float("nan"), None), True)
-                    fold, ok4 = sweep(x, w, b, chunk, True, PARALLEL, ref_row, fold=True) \
-                        if args.fold and m <= args.parallel_up_to and chunk < k else ((float("nan"), None), True)
-                    ok2 = ok2 and ok3 and ok4
-                    top = min(t for t in (par[0], fold[0], seq[0], flat[0]) if t == t)
+                    ok2 = ok2 and ok3
+                    top = min(t for t in (par[0], seq[0], flat[0]) if t == t)
                     rows.append({"model": model, "site": name, "n": n, "k": k, "m": m, "chunk": chunk,
-                                 "cublas": cublas, "parallel": par, "folded": fold, "sequential": seq, "flat": flat,
+                                 "cublas": cublas, "parallel": par, "sequential": seq, "flat": flat,
                                  "bits_equal": ok1 and ok2})
                     print(f"| {model} | {name} {k}->{n} | {m} | {cublas:.1f} | {chunk} | {par[0]:.1f} {par[1]} | "
-                          f"{fold[0]:.1f} {fold[1]} | {seq[0]:.1f} {seq[1]} | {flat[0]:.1f} {flat[1]} | {top / cublas:.2f}x | "
+                          f"{seq[0]:.1f} {seq[1]} | {flat[0]:.1f} {flat[1]} | {top / cublas:.2f}x | "
                           f"{'=' if ok1 and ok2 else 'DIFF'} |", flush=True)
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)

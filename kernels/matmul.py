@@ -29,6 +29,7 @@ import torch
 from detent_rl.kernels._triton import interpreting, pdl, pdl_enter, tl, triton
 from detent_rl.kernels.matmul_wgmma import applies as wgmma_applies
 from detent_rl.kernels.matmul_wgmma import linear_wgmma
+from detent_rl.kernels.matmul_wgmma import tile_fits as wgmma_tile_fits
 
 
 @triton.jit
@@ -70,11 +71,11 @@ def _dot_k_blocks(x_ptr, w_ptr, acc, offs_m, offs_n, k_start, num_blocks, M, N, 
 
 
 @triton.jit
-def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, M, N, K, num_chunks, stride_xm, stride_xk,
+def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, num_chunks, stride_xm, stride_xk,
                    stride_wn, stride_wk, stride_om, stride_on, HAS_BIAS: tl.constexpr, PARALLEL: tl.constexpr,
                    CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_M: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, FLAT: tl.constexpr,
-                   FOLD: tl.constexpr, PDL: tl.constexpr):
+                   PDL: tl.constexpr):
     pdl_enter(PDL)
     offs_m, offs_n = _tile_offsets(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -84,14 +85,6 @@ def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, M, N, K, num
         part = _dot_k_blocks(x_ptr, w_ptr, zero, offs_m, offs_n, c * CHUNK, CHUNK // BLOCK_K, M, N, K,
                              stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, IEEE, UPCAST)
         tl.store(ws_ptr + c * M * N + offs_m[:, None] * N + offs_n[None, :], part, mask=mask)
-        if FOLD:  # the tile's last chunk program to finish adds the chunk sums in order (no second launch)
-            tl.debug_barrier()  # every thread's partial is stored before the count moves
-            arrived = tl.atomic_add(count_ptr + tl.program_id(0), 1, sem="acq_rel")
-            if arrived == num_chunks - 1:
-                tl.debug_barrier()
-                _fold_chunks(ws_ptr, b_ptr, out_ptr, offs_m, offs_n, mask, M, N, num_chunks, stride_om, stride_on,
-                             HAS_BIAS)
-                tl.atomic_xchg(count_ptr + tl.program_id(0), 0)  # ready for the next call (graph replays)
     elif FLAT:  # one loop over every K block (one software pipeline), the chunk sum folded at chunk ends
         total = zero
         acc = zero
@@ -115,35 +108,14 @@ def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, M, N, K, num
 
 
 @triton.jit
-def _chunk_sum(ws_ptr, offs, mask, MN, num_chunks):
-    """The fp32 chunk sums at workspace offsets `offs` ([chunks, M, N], MN = M * N apart), added in chunk
-    order: the combine that fixes a parallel row's bits, shared by the reduce kernel and the in-kernel
-    fold (read from L2, `.cg`: the fold reads other programs' stores)."""
-    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
-    for s in range(1, num_chunks):
-        acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
-    return acc
-
-
-@triton.jit
-def _fold_chunks(ws_ptr, b_ptr, out_ptr, offs_m, offs_n, mask, M, N, num_chunks, stride_om, stride_on,
-                 HAS_BIAS: tl.constexpr):
-    """`combine_splits` for one tile, inside the matmul kernel: the chunk sums in order, then the bias,
-    then one rounding."""
-    acc = _chunk_sum(ws_ptr, offs_m[:, None] * N + offs_n[None, :], mask, M * N, num_chunks)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on, acc.to(out_ptr.dtype.element_ty),
-             mask=mask)
-
-
-@triton.jit
 def _splitk_reduce_kernel(ws_ptr, b_ptr, out_ptr, M, N, stride_om, stride_on,
                           HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M * N
-    acc = _chunk_sum(ws_ptr, offs, mask, M * N, SPLIT_K)  # partials added in split order, always
+    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):  # partials added in split order, always
+        acc += tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0)
     n = offs % N
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=mask, other=0.0).to(tl.float32)
@@ -163,18 +135,14 @@ def check_operands(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, chunk: int, parallel: bool,
            block_m: int, block_n: int, block_k: int, group_m: int = 8, num_warps: int = 4,
-           num_stages: int = 3, flat: bool = False, wgmma: bool = False, fold: bool = False,
+           num_stages: int = 3, flat: bool = False, wgmma: bool = False,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """`x @ w.T + bias` for x [M, K], w [N, K]: K cut into `chunk`-element chunks (what fixes the
     bits; `chunk >= K` is one chunk), computed by the parallel or the sequential schedule with the
     given tile (free per call: neither changes a row's bits). `flat` runs the sequential schedule as
     one loop over all K blocks that folds each chunk's sum into the total at the chunk's end (one
     software pipeline instead of one per chunk; the same fp32 operations). Not in the selection's
-    schedule table yet: bench/matmul_sweep.py --flat measures it first. `fold` runs the parallel
-    schedule's combine inside the matmul kernel: each tile's last chunk program to finish (a per-tile
-    counter, `tile_counters`) adds the chunk sums in order as `combine_splits` does — the same fp32
-    operations, one launch instead of two; not in the schedule table yet (bench/matmul_sweep.py --fold
-    measures it), and one stream of such calls at a time (the counters are shared). `out_dtype` torch.float32 keeps
+    schedule table yet: bench/matmul_sweep.py --flat measures it first. `out_dtype` torch.float32 keeps
     the fp32 sum unrounded (a row-parallel rank's partial, which the TP-invariant fold adds to its peers'
     in chunk order: models/parallel.py); default x's dtype."""
     check_operands(x, w, bias)
@@ -188,17 +156,17 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         block_k //= 2
     out_dtype = out_dtype or x.dtype
     if (wgmma and out_dtype == x.dtype and x.is_cuda and (not parallel or chunk >= x.shape[1])
-            and wgmma_applies(x, w, block_k)):
+            and wgmma_applies(x, w, block_k) and wgmma_tile_fits(block_m, block_n, chunk < x.shape[1])):
         return linear_wgmma(x, w, bias, chunk=chunk, block_k=block_k, group_m=group_m, num_buffers=num_stages,
-                            pdl=pdl(x)["PDL"])
+                            pdl=pdl(x)["PDL"], block_m=block_m, block_n=block_n)
     if x.is_cuda or interpreting():
         return _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps,
-                              num_stages, flat, out_dtype, fold)
+                              num_stages, flat, out_dtype)
     return _linear_cpu(x, w, bias, chunk, out_dtype)
 
 
 def _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps, num_stages,
-                   flat=False, out_dtype=None, fold=False):
+                   flat=False, out_dtype=None):
     M, K = x.shape
     N = w.shape[0]
     out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
@@ -209,34 +177,15 @@ def _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group
     ws = torch.empty((chunks, M, N), dtype=torch.float32, device=x.device) if parallel else out
     b = bias if bias is not None else out
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-    fold = fold and parallel
-    counts = tile_counters(x.device, tiles) if fold else out
     _matmul_kernel[(tiles, chunks if parallel else 1)](
-        x, w, b, out, ws, counts, M, N, K, chunks, x.stride(0), x.stride(1), w.stride(0), w.stride(1), out.stride(0),
+        x, w, b, out, ws, M, N, K, chunks, x.stride(0), x.stride(1), w.stride(0), w.stride(1), out.stride(0),
         out.stride(1), HAS_BIAS=bias is not None, PARALLEL=parallel, CHUNK=chunk, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, IEEE=x.dtype == torch.float32,
-        UPCAST=interpreting() and x.dtype != torch.float32, FLAT=flat and not parallel and chunks > 1, FOLD=fold,
+        UPCAST=interpreting() and x.dtype != torch.float32, FLAT=flat and not parallel and chunks > 1,
         num_warps=num_warps, num_stages=num_stages, **pdl(x))
-    if parallel and not fold:  # the chunk sums added in chunk order
+    if parallel:  # the chunk sums added in chunk order
         combine_splits(ws, bias, out)
     return out
-
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-MIN_COUNTERS = 1 << 16  # allocated at once, so a CUDA-graph capture seldom meets a call that needs more
-
-
-def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """Zeroed int32 counters, one per output tile, for `linear(fold=True)` on `device` (each call leaves
-    them zero again). Grown outside CUDA-graph capture only: a capture that needs more refuses."""
-    counts = _COUNTERS.get(device)
-    if counts is None or counts.numel() < tiles:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"linear(fold=True) needs {tiles} tile counters during a CUDA-graph capture; "
-                               f"run an eager call of that size first")
-        counts = torch.zeros(max(tiles, MIN_COUNTERS), dtype=torch.int32, device=device)
-        _COUNTERS[device] = counts
-    return counts
 
 
 def combine_splits(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:

@@ -13,8 +13,9 @@ the next chunk's first MMA starts from zero (`use_acc=False`). The arithmetic is
 so a row equals `linear`'s bit for bit at any M (tests/test_kernels_matmul_gpu.py holds it to that
 on every site).
 
-Two fp32 accumulators (the running total and the chunk's) must fit in registers: 128 x 128 tiles
-with 8 warps (64 registers each a thread). sm_90 only; the caller checks `applies`.
+Tiles of 64 or 128 rows (a warpgroup, 4 warps, per 64) and 64-256 columns; the fp32 accumulators
+stay in registers: two (the running total and the chunk's) where K is cut into chunks — at most
+128 columns — and one where K is whole. sm_90 only; the caller checks `applies` and `tile_fits`.
 """
 from __future__ import annotations
 
@@ -70,6 +71,13 @@ if HAS_GLUON:
         NUM_K: gl.constexpr = NUM_CHUNKS * CHUNK_BLOCKS
         shape: gl.constexpr = (a_desc.block_type.shape[0], b_desc.block_type.shape[0])
         acc = gl.zeros(shape, dtype=gl.float32, layout=layout)
+        if NUM_CHUNKS == 1:  # K whole: one accumulator, no running total held beside it
+            for i in range(NUM_K):
+                acc = _block_mma(i, acc, i != 0, bars, a_bufs, b_bufs, NUM_BUFFERS)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                _issue_load(i + NUM_BUFFERS - 1, a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs, NUM_BUFFERS,
+                            i + NUM_BUFFERS - 1 < NUM_K)
+            return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         total = acc
         for i in range(NUM_K):
             j = i % CHUNK_BLOCKS
@@ -85,11 +93,7 @@ if HAS_GLUON:
             _issue_load(i + NUM_BUFFERS - 1, a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs, NUM_BUFFERS,
                         i + NUM_BUFFERS - 1 < NUM_K)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        if NUM_CHUNKS == 1:
-            total = acc
-        else:
-            total = total + acc
-        return total
+        return total + acc
 
     @gluon.jit
     def _chunked_wgmma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, HAS_BIAS: gl.constexpr,
@@ -133,7 +137,17 @@ if HAS_GLUON:
         tma.store_wait(pendings=0)
 
 
-BLOCK_M, BLOCK_N, NUM_WARPS = 128, 128, 8
+SMEM_BYTES = 227 * 1024  # an sm_90 CTA's shared memory
+MAX_ACC_REGS = 128  # fp32 accumulator registers a thread may hold (two tiles when K is cut into chunks)
+
+
+def tile_fits(block_m: int, block_n: int, chunked: bool) -> bool:
+    """Whether a `block_m` x `block_n` tile is one this kernel runs: one warpgroup (4 warps) per 64 rows,
+    a wgmma N of 64-256, and its accumulators in registers — one tile when K is whole, two (the chunk's
+    and the running total) when K is cut: 128 x 128 with 8 warps holds two, 128 x 256 only one."""
+    if block_m not in (64, 128) or block_n not in (64, 128, 256):
+        return False
+    return block_n * 16 // 32 * (2 if chunked else 1) <= MAX_ACC_REGS  # rows per warp 16: BM x BN / (BM / 16 * 32)
 
 
 def applies(x: Any, w: Any, block_k: int) -> bool:
@@ -151,31 +165,35 @@ def applies(x: Any, w: Any, block_k: int) -> bool:
 
 
 def linear_wgmma(x: Any, w: Any, bias: Any = None, *, chunk: int, block_k: int = 64, group_m: int = 8,
-                 num_buffers: int = 4, pdl: bool = False) -> Any:
-    """`x @ w.T + bias` under `linear`'s K partition `chunk` (a multiple of `block_k`), in 128 x 128
-    tiles with warpgroup MMAs: the same fp32 operations, so the same bits, as `linear` at any schedule."""
+                 num_buffers: int = 4, pdl: bool = False, block_m: int = 128, block_n: int = 128) -> Any:
+    """`x @ w.T + bias` under `linear`'s K partition `chunk` (a multiple of `block_k`), in `block_m` x
+    `block_n` tiles (`tile_fits`) with warpgroup MMAs: the same fp32 operations, so the same bits, as
+    `linear` at any schedule. The ring holds `num_buffers` K blocks, fewer where shared memory ends."""
     import torch
     import triton
 
     M, K = x.shape
     N = w.shape[0]
     assert chunk % block_k == 0, f"chunk {chunk} must be whole BLOCK_K {block_k} blocks"
-    assert num_buffers >= 2, "a slot for the MMA in flight and one loading"
     chunk = min(chunk, -(-K // block_k) * block_k)
+    assert tile_fits(block_m, block_n, chunk < K), f"no warpgroup tile {block_m} x {block_n} (chunk {chunk}, K {K})"
+    stage = (block_m + block_n) * block_k * x.element_size()
+    num_buffers = min(num_buffers, (SMEM_BYTES - 1024 - block_m * block_n * x.element_size()) // stage)
+    assert num_buffers >= 2, "a slot for the MMA in flight and one loading"
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0:
         return out
     dt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
-    a_desc = TensorDescriptor.from_tensor(x, [BLOCK_M, block_k], gl.NVMMASharedLayout.get_default_for(
-        [BLOCK_M, block_k], dt))
-    b_desc = TensorDescriptor.from_tensor(w, [BLOCK_N, block_k], gl.NVMMASharedLayout.get_default_for(
-        [BLOCK_N, block_k], dt))
-    c_desc = TensorDescriptor.from_tensor(out, [BLOCK_M, BLOCK_N], gl.NVMMASharedLayout.get_default_for(
-        [BLOCK_M, BLOCK_N], dt))
-    tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N)
+    a_desc = TensorDescriptor.from_tensor(x, [block_m, block_k], gl.NVMMASharedLayout.get_default_for(
+        [block_m, block_k], dt))
+    b_desc = TensorDescriptor.from_tensor(w, [block_n, block_k], gl.NVMMASharedLayout.get_default_for(
+        [block_n, block_k], dt))
+    c_desc = TensorDescriptor.from_tensor(out, [block_m, block_n], gl.NVMMASharedLayout.get_default_for(
+        [block_m, block_n], dt))
+    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
     extra = {"launch_pdl": True} if pdl else {}
     _chunked_wgmma_kernel[(tiles,)](a_desc, b_desc, c_desc, bias if bias is not None else out, M, N,
                                     HAS_BIAS=bias is not None, NUM_CHUNKS=triton.cdiv(K, chunk),
                                     CHUNK_BLOCKS=chunk // block_k, GROUP_M=group_m, NUM_BUFFERS=num_buffers,
-                                    PDL=pdl, num_warps=NUM_WARPS, **extra)
+                                    PDL=pdl, num_warps=block_m // 16, **extra)
     return out

@@ -110,41 +110,12 @@ def test_the_flat_sequential_loop_keeps_the_bits(n, k, bias):
 
 
 @pytest.mark.parametrize("n, k, bias", SITES, ids=[f"{k}to{n}" for n, k, _ in SITES])
-def test_the_fold_in_the_kernel_keeps_the_bits(n, k, bias):
-    """`linear(fold=True)` (each tile's last chunk program adds the chunk sums, no second launch) equals
-    the two-launch parallel form at chunks of 128 and 640 and at M from 1 to 512, eagerly and replayed
-    twice in a CUDA graph (the per-tile counters return to zero after every call); control: the
-    partition still decides the bits (chunks of 128 and 640 differ somewhere)."""
-    from detent_rl.kernels.matmul import tile_counters
-    x, w, b = _data(n, k, bias, torch.bfloat16, 512)
-    bad, outs = [], {}
-    for chunk in (128, 640):
-        for m, (bm, bn) in ((1, (16, 64)), (7, (16, 32)), (100, (64, 64)), (512, (64, 128))):
-            kw = dict(chunk=chunk, parallel=True, block_m=bm, block_n=bn, block_k=64)
-            ref = linear(x[:m], w, b, **kw)
-            if not torch.equal(linear(x[:m], w, b, fold=True, **kw), ref):
-                bad.append(f"chunk {chunk} M={m} eager")
-            graph, static = torch.cuda.CUDAGraph(), torch.empty_like(ref)
-            with torch.cuda.graph(graph):
-                static.copy_(linear(x[:m], w, b, fold=True, **kw))
-            for replay in range(2):
-                static.zero_()
-                graph.replay()
-                if not torch.equal(static, ref):
-                    bad.append(f"chunk {chunk} M={m} graph replay {replay}")
-            outs[chunk, m] = ref
-    assert int(tile_counters(x.device, 1).abs().sum()) == 0, "a counter was left set"
-    assert not bad, "the fold changed rows:\n" + "\n".join(bad)
-    assert any(not torch.equal(outs[128, m], outs[640, m]) for m in (100, 512)), \
-        "control: chunks of 128 and 640 should round some row differently"
-
-
-@pytest.mark.parametrize("n, k, bias", SITES, ids=[f"{k}to{n}" for n, k, _ in SITES])
 def test_wgmma_sequential_form_keeps_the_bits(n, k, bias):
     """`linear(wgmma=True)` (`matmul_wgmma`: warpgroup MMAs issued by hand, waited for once a chunk)
-    against the Triton kernel's rows of the same partition, at ragged M, ring depths and BLOCK_K;
-    control: the partition still decides the bits (K whole differs from 128-element chunks)."""
-    from detent_rl.kernels.matmul_wgmma import applies, linear_wgmma
+    against the Triton kernel's rows of the same partition, at ragged M, tiles (64 and 128 rows, 64-256
+    columns), ring depths and BLOCK_K; control: the partition still decides the bits (K whole differs
+    from 128-element chunks)."""
+    from detent_rl.kernels.matmul_wgmma import applies, linear_wgmma, tile_fits
     rows = 256 if n > 100_000 else 2048
     x, w, b = _data(n, k, bias, torch.bfloat16, rows)
     if not applies(x, w, 64):
@@ -152,13 +123,14 @@ def test_wgmma_sequential_form_keeps_the_bits(n, k, bias):
     bad, outs = [], {}
     for chunk in (128, 640, 1 << 20):
         ref = linear(x, w, b, chunk=chunk, parallel=False, block_m=128, block_n=128, block_k=64, num_warps=8)
-        for bk, ring in ((64, 4), (128, 3)):
-            if chunk % bk:
+        for bm, bn, bk, ring in ((128, 128, 64, 4), (128, 128, 128, 3), (64, 64, 64, 6), (64, 256, 64, 3),
+                                  (128, 256, 64, 3)):
+            if chunk % bk or not tile_fits(bm, bn, chunk < k):
                 continue
             for m in (1, 77, 300, rows):
-                got = linear_wgmma(x[:m], w, b, chunk=chunk, block_k=bk, num_buffers=ring)
+                got = linear_wgmma(x[:m], w, b, chunk=chunk, block_k=bk, num_buffers=ring, block_m=bm, block_n=bn)
                 if not torch.equal(got, ref[:m]):
-                    bad.append(f"chunk {chunk} (bk {bk}, ring {ring}) M={m}: "
+                    bad.append(f"chunk {chunk} ({bm}x{bn}, bk {bk}, ring {ring}) M={m}: "
                                f"{int((got != ref[:m]).sum())} outputs differ")
         via = linear(x[:300], w, b, chunk=chunk, parallel=False, block_m=128, block_n=128, block_k=64,
                      num_stages=4, wgmma=True)
