@@ -73,7 +73,9 @@ WGMMA_CHOICE = 3
 # gate_up at M = 128, 304 tiles: 8.4 us with a ring of 4, 11.3 with 6; the 1.5B qkv at 512, 256 tiles:
 # 9.0 with 6, 10.0 with 4). The LM head (n >= VOCAB_N) runs 128 x 256 warpgroup tiles from M = 65
 # (choice 4): 1.07-1.15x cuBLAS at M = 128-2,048 against the Triton kernel's 1.13-1.29x (the 1.5B
-# gate_up, 17,920 wide, ran 15 % slower so at M = 256: it keeps the Triton tile).
+# gate_up, 17,920 wide, ran 15 % slower so at M = 256: it keeps the Triton tile). Not below M = 65:
+# at M = 1-32 the 128 x 256 warpgroup tile took 1.24-1.42x cuBLAS against 0.99x in Triton tiles (a
+# tuple with `schedule_by_m` off, which keeps one schedule for every M, keeps the Triton one).
 SMALL_WGMMA_CHOICE, WIDE_WGMMA_CHOICE = 3, 4
 SMALL_TILES_PER_SM = 3
 VOCAB_N = 65536
@@ -132,7 +134,7 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
     tiles = (m + base.block_m - 1) // base.block_m * ((n + base.block_n - 1) // base.block_n)
     splits = max(1, min(num_sms // tiles, k // CHUNK_ALIGN)) if base.parallel and k > n else 1
     chunk = ((k + splits - 1) // splits + CHUNK_ALIGN - 1) // CHUNK_ALIGN * CHUNK_ALIGN
-    if choice == 0 and chunk >= k and n >= VOCAB_N and m > (64 if by_m else 0):  # det: every M alike
+    if choice == 0 and chunk >= k and n >= VOCAB_N and m > (64 if by_m else max_m):  # not when M is not read
         choice = WIDE_WGMMA_CHOICE
     small_tiles = (m + 63) // 64 * ((n + 63) // 64)
     if choice == 0 and chunk >= k and 128 <= natural <= 512 and small_tiles <= SMALL_TILES_PER_SM * num_sms:
