@@ -166,19 +166,21 @@ def test_the_schedule_follows_m_and_the_site_while_the_partition_stays():
     take the 64 x 64 warpgroup tile (a ring of 4 once its tiles pass two an SM), the LM head the
     128 x 256 one from M = 65 and not when the schedule does not follow M; a cut K keeps its Triton or
     warpgroup 128 x 128 rows. The pinned partition is one value for every M."""
-    from detent_rl.kernels.programs.matmul import SMALL_WGMMA, TILE_CHOICES, WGMMA_CHOICE, WIDE_WGMMA
+    from detent_rl.kernels.programs.matmul import (SMALL_WGMMA, SMALL_WGMMA_RING4, TILE_CHOICES, WGMMA_CHOICE,
+                                                   WIDE_WGMMA)
 
     def tile(sel, m):
         s = sel(m)
         return (s.tile_block_m, s.tile_block_n, s.tile_wgmma, s.tile_num_stages)
 
     small, wide = (64, 64, True, SMALL_WGMMA.num_stages), (128, 128 * 2, True, WIDE_WGMMA.num_stages)
+    ring4 = (64, 64, True, SMALL_WGMMA_RING4.num_stages)
     _, qkv = _selectors(1152, 896)
     assert [tile(qkv, m)[2] for m in (1, 32)] == [False, False]
     assert all(tile(qkv, m) == small for m in (33, 128, 300, 512)), [tile(qkv, m) for m in (33, 128, 300, 512)]
     assert not tile(qkv, 513)[2]
     _, gate_up = _selectors(9728, 896)
-    assert tile(gate_up, 64) == small and tile(gate_up, 128) == (64, 64, True, 4)  # 304 tiles: a ring of 4
+    assert tile(gate_up, 64) == small and tile(gate_up, 128) == ring4 != small  # 304 tiles: a ring of 4
     assert tile(gate_up, 256)[:3] == (64, 128, False)  # 608 tiles: the Triton 64 x 128 tile
     solution = solve(matmul_program, QWEN2_05B.facts("matmul", {"n": 151936, "k": 896}), cache=JITCache(enabled=False))
     head, head_one = solution.commit(), solution.commit(knobs={"schedule_by_m": False})

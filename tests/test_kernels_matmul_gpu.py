@@ -21,7 +21,7 @@ SCHEDULES = sorted({  # parallel, block_m, block_n, block_k, num_warps, num_stag
     (True, 16, 64, 128, 4, 4), (True, 16, 32, 128, 4, 4), (True, 32, 64, 64, 4, 4), (True, 64, 128, 64, 4, 3),
     (False, 16, 64, 128, 4, 4), (False, 64, 128, 64, 4, 3), (False, 128, 128, 32, 8, 3), (False, 128, 256, 64, 8, 3),
     *((t.parallel, t.block_m, t.block_n, t.block_k, t.num_warps, t.num_stages)
-      for choices in TILE_CHOICES.values() for t in choices)})
+      for choices in TILE_CHOICES.values() for t in choices.values())})
 
 
 def _data(n, k, bias, dtype, rows=2048):

@@ -46,16 +46,18 @@ def _s(parallel: bool, block_m: int, block_n: int, block_k: int, group_m: int, n
 # a grid (bench/matmul_sweep.py, docs/BENCHMARKS.md) for the Qwen2 0.5B/1.5B sites; every entry's
 # bit-neutrality is re-measured by tests/test_kernels_matmul_gpu.py.
 SMALL_WGMMA = _s(False, 64, 64, 64, 8, 4, 6, wgmma=True)  # one warpgroup, a ring of 6 K blocks
+SMALL_WGMMA_RING4 = _s(False, 64, 64, 64, 8, 4, 4, wgmma=True)  # the same with a ring of 4 (more CTAs an SM)
 WIDE_WGMMA = _s(False, 128, 256, 64, 8, 8, 3, wgmma=True)  # K whole only (one fp32 tile in registers)
-TILE_CHOICES = {
-    32: (_s(True, 16, 64, 128, 1, 4, 4), _s(True, 16, 32, 128, 1, 4, 4), _s(False, 16, 64, 128, 1, 4, 4)),
-    128: (_s(True, 64, 64, 64, 4, 4, 3), _s(True, 32, 64, 64, 4, 4, 4), _s(False, 64, 128, 64, 8, 4, 3), SMALL_WGMMA),
-    512: (_s(True, 64, 128, 64, 8, 4, 3), _s(True, 64, 64, 64, 8, 4, 4), _s(False, 128, 128, 64, 8, 8, 3),
-          SMALL_WGMMA, WIDE_WGMMA),
-    2048: (_s(False, 128, 128, 64, 8, 8, 3), _s(False, 128, 256, 64, 8, 8, 3), _s(False, 64, 128, 64, 8, 4, 3),
-           _s(False, 128, 128, 64, 8, 8, 4, wgmma=True), WIDE_WGMMA),
-    8192: (_s(False, 128, 256, 64, 8, 8, 3), _s(False, 128, 128, 64, 8, 8, 3), _s(False, 128, 128, 32, 8, 8, 3),
-           _s(False, 128, 128, 64, 8, 8, 4, wgmma=True), WIDE_WGMMA),
+TILE_CHOICES = {  # per bucket, choice index -> schedule (an index keeps its meaning in every bucket it is in)
+    32: {0: _s(True, 16, 64, 128, 1, 4, 4), 1: _s(True, 16, 32, 128, 1, 4, 4), 2: _s(False, 16, 64, 128, 1, 4, 4)},
+    128: {0: _s(True, 64, 64, 64, 4, 4, 3), 1: _s(True, 32, 64, 64, 4, 4, 4), 2: _s(False, 64, 128, 64, 8, 4, 3),
+          3: SMALL_WGMMA, 5: SMALL_WGMMA_RING4},
+    512: {0: _s(True, 64, 128, 64, 8, 4, 3), 1: _s(True, 64, 64, 64, 8, 4, 4), 2: _s(False, 128, 128, 64, 8, 8, 3),
+          3: SMALL_WGMMA, 4: WIDE_WGMMA, 5: SMALL_WGMMA_RING4},
+    2048: {0: _s(False, 128, 128, 64, 8, 8, 3), 1: _s(False, 128, 256, 64, 8, 8, 3), 2: _s(False, 64, 128, 64, 8, 4, 3),
+           3: _s(False, 128, 128, 64, 8, 8, 4, wgmma=True), 4: WIDE_WGMMA},
+    8192: {0: _s(False, 128, 256, 64, 8, 8, 3), 1: _s(False, 128, 128, 64, 8, 8, 3), 2: _s(False, 128, 128, 32, 8, 8, 3),
+           3: _s(False, 128, 128, 64, 8, 8, 4, wgmma=True), 4: WIDE_WGMMA},
 }
 # From M = 513 a site whose K is cut into chunks (K > N: the down projections) runs the chunks in
 # sequence by hand-issued warpgroup MMAs (choice 3; the Triton tile where that does not apply): at
@@ -70,18 +72,18 @@ WGMMA_CHOICE = 3
 # tile took 1.39-1.95x (H200, bench/gemm_wgmma_probe.py, docs/BENCHMARKS.md, session 16); they take
 # it by default while its tiles number at most SMALL_TILES_PER_SM a multiprocessor (gate_up at 256 has
 # 608 and ran as fast in the Triton 64 x 128 tile); past two a multiprocessor the ring is 4 (the 0.5B
-# gate_up at M = 128, 304 tiles: 8.4 us with a ring of 4, 11.3 with 6; the 1.5B qkv at 512, 256 tiles:
+# gate_up at M = 128, 304 tiles: 8.4 us with a ring of 4 (choice 5), 11.3 with 6; the 1.5B qkv at 512, 256 tiles:
 # 9.0 with 6, 10.0 with 4). The LM head (n >= VOCAB_N) runs 128 x 256 warpgroup tiles from M = 65
 # (choice 4): 1.07-1.15x cuBLAS at M = 128-2,048 against the Triton kernel's 1.13-1.29x (the 1.5B
 # gate_up, 17,920 wide, ran 15 % slower so at M = 256: it keeps the Triton tile). Not below M = 65:
 # at M = 1-32 the 128 x 256 warpgroup tile took 1.24-1.42x cuBLAS against 0.99x in Triton tiles (a
 # tuple with `schedule_by_m` off, which keeps one schedule for every M, keeps the Triton one).
-SMALL_WGMMA_CHOICE, WIDE_WGMMA_CHOICE = 3, 4
+SMALL_WGMMA_CHOICE, WIDE_WGMMA_CHOICE, SMALL_WGMMA_RING4_CHOICE = 3, 4, 5
 SMALL_TILES_PER_SM = 3
 VOCAB_N = 65536
 SCHEDULES = {bucket: choices[0] for bucket, choices in TILE_CHOICES.items()}  # the defaults
 # one flat table for the program: key bucket * 8 + choice
-TILES = {bucket * 8 + i: row for bucket, choices in TILE_CHOICES.items() for i, row in enumerate(choices)}
+TILES = {bucket * 8 + i: row for bucket, choices in TILE_CHOICES.items() for i, row in choices.items()}
 # The LM head (N = 151,936) at M = 32 ran at 1.82x cuBLAS in the small-M buckets' 16x64 tiles and at
 # 1.0x in 64x128 ones (H200, bench/kernels_matmul_bench.py); its N tiles alone fill the SMs
 WIDE_N = 16384
@@ -109,9 +111,9 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
                    smem_bytes: Fact[int], dtype_bytes: Fact[int]):
     assume(1 <= m <= max_m)
     by_m = knob("schedule_by_m", (True, False), True)
-    t32 = knob("tile_32", (0, 1, 2), 0)
-    t128 = knob("tile_128", (0, 1, 2, 3), 0)
-    t512 = knob("tile_512", (0, 1, 2, 3, 4), 0)
+    t32 = knob("tile_32", (0, 1, 2), 0)  # each bucket's TILE_CHOICES keys
+    t128 = knob("tile_128", (0, 1, 2, 3, 5), 0)
+    t512 = knob("tile_512", (0, 1, 2, 3, 4, 5), 0)
     t2048 = knob("tile_2048", (0, 1, 2, 3, 4), 0)
     t8192 = knob("tile_8192", (0, 1, 2, 3, 4), 0)
     bucket = gemm_bucket(m) if by_m else 8192
@@ -139,6 +141,8 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
     small_tiles = (m + 63) // 64 * ((n + 63) // 64)
     if choice == 0 and chunk >= k and 128 <= natural <= 512 and small_tiles <= SMALL_TILES_PER_SM * num_sms:
         choice = SMALL_WGMMA_CHOICE
+        if small_tiles > 2 * num_sms:  # many tiles: a shorter ring lets more CTAs share a multiprocessor
+            choice = SMALL_WGMMA_RING4_CHOICE
     if bucket == 512 and choice == 0 and tiles * ((k + chunk - 1) // chunk) * FILL_SHARE < num_sms:
         choice = 1
     if bucket >= 2048 and choice == 0 and k > n:
@@ -148,8 +152,6 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
     # the bytes of the bf16 ones the table was written for)
     stage = (row.block_m + row.block_n) * row.block_k * dtype_bytes
     stages = min(row.num_stages, smem_bytes // stage)
-    if row.wgmma and row.block_m == 64 and small_tiles > 2 * num_sms:
-        stages = min(stages, 4)  # many tiles: a shorter ring lets more CTAs share a multiprocessor
     tile = GemmSchedule(parallel=row.parallel and chunk < k, block_m=row.block_m, block_n=row.block_n,
                         block_k=row.block_k, group_m=row.group_m, num_warps=row.num_warps, num_stages=stages,
                         wgmma=row.wgmma)
