@@ -62,6 +62,17 @@ if HAS_GLUON:
                              is_async=True)
 
     @gluon.jit
+    def _mma_and_refill(i, acc, use_acc, a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs,
+                        NUM_BUFFERS: gl.constexpr, NUM_K: gl.constexpr):
+        """Issue K block i's MMA onto the one in flight (the hardware keeps their order), wait until at most
+        it is outstanding (block i - 1's MMA is done: its slot is free), and load the block that slot takes."""
+        acc = _block_mma(i, acc, use_acc, bars, a_bufs, b_bufs, NUM_BUFFERS)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        _issue_load(i + NUM_BUFFERS - 1, a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs, NUM_BUFFERS,
+                    i + NUM_BUFFERS - 1 < NUM_K)
+        return acc
+
+    @gluon.jit
     def _chunk_sums(a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs, layout: gl.constexpr,
                     NUM_CHUNKS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr, NUM_BUFFERS: gl.constexpr):
         """The chunk sums added in chunk order. One accumulator serves every chunk: a chunk's end waits
@@ -73,10 +84,8 @@ if HAS_GLUON:
         acc = gl.zeros(shape, dtype=gl.float32, layout=layout)
         if NUM_CHUNKS == 1:  # K whole: one accumulator, no running total held beside it
             for i in range(NUM_K):
-                acc = _block_mma(i, acc, i != 0, bars, a_bufs, b_bufs, NUM_BUFFERS)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                _issue_load(i + NUM_BUFFERS - 1, a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs, NUM_BUFFERS,
-                            i + NUM_BUFFERS - 1 < NUM_K)
+                acc = _mma_and_refill(i, acc, i != 0, a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs,
+                                      NUM_BUFFERS, NUM_K)
             return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         total = acc
         for i in range(NUM_K):
@@ -87,11 +96,8 @@ if HAS_GLUON:
                     total = acc
                 else:
                     total = total + acc
-            # within a chunk each MMA accumulates onto the one in flight (the hardware keeps their order)
-            acc = _block_mma(i, acc, j != 0, bars, a_bufs, b_bufs, NUM_BUFFERS)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # block i - 1's MMA is done: slot free
-            _issue_load(i + NUM_BUFFERS - 1, a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs, NUM_BUFFERS,
-                        i + NUM_BUFFERS - 1 < NUM_K)
+            acc = _mma_and_refill(i, acc, j != 0, a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs,
+                                  NUM_BUFFERS, NUM_K)  # a chunk's first MMA starts from zero
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         return total + acc
 
@@ -147,7 +153,8 @@ def tile_fits(block_m: int, block_n: int, chunked: bool) -> bool:
     and the running total) when K is cut: 128 x 128 with 8 warps holds two, 128 x 256 only one."""
     if block_m not in (64, 128) or block_n not in (64, 128, 256):
         return False
-    return block_n * 16 // 32 * (2 if chunked else 1) <= MAX_ACC_REGS  # rows per warp 16: BM x BN / (BM / 16 * 32)
+    # a BM x BN fp32 tile over BM / 16 warps of 32 threads: BN / 2 registers a thread
+    return block_n // 2 * (2 if chunked else 1) <= MAX_ACC_REGS
 
 
 def applies(x: Any, w: Any, block_k: int) -> bool:

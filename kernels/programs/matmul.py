@@ -63,8 +63,8 @@ TILE_CHOICES = {  # per bucket, choice index -> schedule (an index keeps its mea
 # sequence by hand-issued warpgroup MMAs (choice 3; the Triton tile where that does not apply): at
 # M = 2,048 / 8,192 the 0.5B down projection took 1.29x / 1.26x cuBLAS that way against 1.88x / 1.70x
 # in the Triton kernel, the 1.5B one 1.32x / 1.16x against 1.89x / 1.51x (H200,
-# bench/gemm_wgmma_probe.py, docs/BENCHMARKS.md). K-whole sites keep the Triton tile by default
-# (within 5 % of the warpgroup kernel either way); the tuner may pick choice 3 for any site.
+# bench/gemm_wgmma_probe.py, docs/BENCHMARKS.md). From M = 513 the K-whole sites but the LM head keep the
+# Triton tile by default (within 5 % of the warpgroup kernel either way); the tuner may pick choice 3 for any site.
 WGMMA_CHOICE = 3
 # Where K is whole (one chunk: qkv, o, gate_up, the LM head) in the 128 and 512 buckets (M 33-512: a
 # decode batch, short prefills), warpgroup MMAs in 64 x 64 tiles fed by a TMA ring of 6 (choice 3) ran
