@@ -3,7 +3,8 @@
     python3 -P bench/gemm_wgmma_probe.py [--ms 128,256,512,2048,8192] [--cases down05,down15,...]
 
 For each site and M: cuBLAS, `linear`'s best sequential and parallel schedules (the plain Triton
-kernel), and `matmul_wgmma.linear_wgmma` at each tile / BLOCK_K / ring depth, every output compared bit for
+kernel), and `matmul_wgmma.linear_wgmma` at each tile / BLOCK_K / ring depth, swapped (`swap_ab`: x's rows
+in the MMA's N slot) at M <= 128, every output compared bit for
 bit with `linear`'s of the same partition (sequential and parallel forms). Times: CUDA-graph replays
 over cold weight copies (`timing.cold_copies`), median us.
 """
@@ -28,8 +29,13 @@ CASES = {  # n, k, bias, chunk (the default tuple's partition)
 }
 SEQ = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 32, 8, 3), (64, 128, 64, 4, 3), (64, 64, 64, 4, 3)]
 PAR = [(16, 64, 64, 4, 3), (32, 64, 64, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 4, 3)]
-WGMMA = [(128, 128, 64, 4), (128, 128, 128, 3), (64, 64, 64, 4), (64, 64, 64, 6), (64, 128, 64, 4),
-         (64, 256, 64, 3), (128, 256, 64, 3)]  # block_m, block_n, block_k, ring buffers (tile_fits filters)
+SMALL = [(16, 64, 128, 4, 4), (32, 64, 128, 4, 4), (32, 64, 64, 4, 4)]  # the 32 bucket's Triton tiles (M <= 64)
+# block_m, block_n, block_k, ring buffers, swap_ab (tile_fits filters); the swapped tiles only at M <= SWAP_M
+WGMMA = [(128, 128, 64, 4, False), (128, 128, 128, 3, False), (64, 64, 64, 4, False), (64, 64, 64, 6, False),
+         (64, 128, 64, 4, False), (64, 256, 64, 3, False), (128, 256, 64, 3, False),
+         (16, 64, 64, 6, True), (32, 64, 64, 6, True), (32, 64, 64, 8, True), (64, 64, 64, 6, True),
+         (16, 128, 64, 4, True), (32, 128, 64, 4, True), (64, 128, 64, 4, True)]
+SWAP_M = 128
 
 
 def timed(fn) -> float:
@@ -58,33 +64,34 @@ def main() -> None:
             cublas = timed(lambda: F.linear(x, w(), b))
             ref = linear(x, w0, b, chunk=chunk, parallel=False, block_m=64, block_n=64, block_k=64)
             par_ref = linear(x, w0, b, chunk=chunk, parallel=True, block_m=16, block_n=64, block_k=64)
+            small = SMALL if m <= 64 else []
             seq = min((timed(lambda: linear(x, w(), b, chunk=chunk, parallel=False, block_m=bm, block_n=bn,
                                             block_k=bk, num_warps=wp, num_stages=st)), (bm, bn, bk, wp, st))
-                      for bm, bn, bk, wp, st in SEQ)
+                      for bm, bn, bk, wp, st in SEQ + small if chunk % bk == 0)
             par = min((timed(lambda: linear(x, w(), b, chunk=chunk, parallel=True, block_m=bm, block_n=bn,
                                             block_k=bk, num_warps=wp, num_stages=st)), (bm, bn, bk, wp, st))
-                      for bm, bn, bk, wp, st in PAR) if chunk < k else (float("inf"), None)
+                      for bm, bn, bk, wp, st in PAR + small if chunk % bk == 0) if chunk < k else (float("inf"), None)
             best, same, errors, each = (float("inf"), None), True, [], []
-            for bm, bn, bk, ring in WGMMA:
-                if chunk % bk or not tile_fits(bm, bn, chunk < k):
+            for bm, bn, bk, ring, swap in WGMMA:
+                if chunk % bk or not tile_fits(bm, bn, chunk < k, swap) or (swap and m > SWAP_M):
                     continue
-                kw = dict(chunk=chunk, block_k=bk, num_buffers=ring, block_m=bm, block_n=bn)
+                kw = dict(chunk=chunk, block_k=bk, num_buffers=ring, block_m=bm, block_n=bn, swap_ab=swap)
                 try:
                     out = linear_wgmma(x, w0, b, **kw)
                 except Exception as e:  # noqa: BLE001 - a probe reports what does not compile or launch
-                    errors.append(f"{(bm, bn, bk, ring)}: {type(e).__name__}: {str(e)[:160]}")
+                    errors.append(f"{(bm, bn, bk, ring, swap)}: {type(e).__name__}: {str(e)[:300]}")
                     continue
                 if not (torch.equal(out, ref) and torch.equal(out, par_ref)):
                     same = False
-                    errors.append(f"{(bm, bn, bk, ring)}: {int((out != ref).sum())} of {ref.numel()} outputs differ "
+                    errors.append(f"{(bm, bn, bk, ring, swap)}: {int((out != ref).sum())} of {ref.numel()} outputs differ "
                                   f"from linear's; max |diff| {float((out.float() - ref.float()).abs().max()):.3g}")
-                each.append((timed(lambda: linear_wgmma(x, w(), b, **kw)), (bm, bn, bk, ring)))
+                each.append((timed(lambda: linear_wgmma(x, w(), b, **kw)), (bm, bn, bk, ring, "swap" if swap else "")))
                 best = min(best, each[-1])
             lin = min(seq[0], par[0])
             print(f"| {case} | {m} | {cublas:.1f} | {seq[0]:.1f} {seq[1]} | {par[0]:.1f} {par[1] or ''} | "
                   f"{best[0]:.1f} {best[1]} | {best[0] / cublas:.2f}x | {lin / cublas:.2f}x | "
                   f"{'=' if same else 'DIFF'} |", flush=True)
-            print("    wgmma each (bm, bn, bk, ring): " + ", ".join(f"{c} {t:.1f}" for t, c in each))
+            print("    wgmma each (bm, bn, bk, ring, swap): " + ", ".join(f"{c} {t:.1f}" for t, c in each))
             for e in errors[:3]:
                 print("   ", e)
 

@@ -135,7 +135,7 @@ def check_operands(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, chunk: int, parallel: bool,
            block_m: int, block_n: int, block_k: int, group_m: int = 8, num_warps: int = 4,
-           num_stages: int = 3, flat: bool = False, wgmma: bool = False,
+           num_stages: int = 3, flat: bool = False, wgmma: bool = False, swap_ab: bool = False,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """`x @ w.T + bias` for x [M, K], w [N, K]: K cut into `chunk`-element chunks (what fixes the
     bits; `chunk >= K` is one chunk), computed by the parallel or the sequential schedule with the
@@ -144,7 +144,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     software pipeline instead of one per chunk; the same fp32 operations). Not in the selection's
     schedule table yet: bench/matmul_sweep.py --flat measures it first. `out_dtype` torch.float32 keeps
     the fp32 sum unrounded (a row-parallel rank's partial, which the TP-invariant fold adds to its peers'
-    in chunk order: models/parallel.py); default x's dtype."""
+    in chunk order: models/parallel.py); default x's dtype. `swap_ab` (with `wgmma`) computes each tile
+    transposed in the warpgroup kernel (`matmul_wgmma`); where that kernel does not run, the same tile
+    runs the Triton kernel: the same bits."""
     check_operands(x, w, bias)
     assert chunk > 0 and block_m > 0 and block_n > 0 and block_k > 0
     assert chunk % block_k == 0, f"chunk {chunk} must be whole BLOCK_K {block_k} blocks"
@@ -156,9 +158,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         block_k //= 2
     out_dtype = out_dtype or x.dtype
     if (wgmma and out_dtype == x.dtype and x.is_cuda and (not parallel or chunk >= x.shape[1])
-            and wgmma_applies(x, w, block_k) and wgmma_tile_fits(block_m, block_n, chunk < x.shape[1])):
+            and wgmma_applies(x, w, block_k) and wgmma_tile_fits(block_m, block_n, chunk < x.shape[1], swap_ab)):
         return linear_wgmma(x, w, bias, chunk=chunk, block_k=block_k, group_m=group_m, num_buffers=num_stages,
-                            pdl=pdl(x)["PDL"], block_m=block_m, block_n=block_n)
+                            pdl=pdl(x)["PDL"], block_m=block_m, block_n=block_n, swap_ab=swap_ab)
     if x.is_cuda or interpreting():
         return _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps,
                               num_stages, flat, out_dtype)
@@ -231,7 +233,8 @@ def launch_params(selection: Any) -> dict:
     return {"chunk": selection.chunk, "parallel": selection.tile_parallel, "block_m": selection.tile_block_m,
             "block_n": selection.tile_block_n, "block_k": selection.tile_block_k,
             "group_m": selection.tile_group_m, "num_warps": selection.tile_num_warps,
-            "num_stages": selection.tile_num_stages, "wgmma": selection.tile_wgmma}
+            "num_stages": selection.tile_num_stages, "wgmma": selection.tile_wgmma,
+            "swap_ab": selection.tile_swap_ab}
 
 
 def stock_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -13,8 +13,9 @@ the next chunk's first MMA starts from zero (`use_acc=False`). The arithmetic is
 so a row equals `linear`'s bit for bit at any M (tests/test_kernels_matmul_gpu.py holds it to that
 on every site).
 
-Tiles of 64 or 128 rows (a warpgroup, 4 warps, per 64) and 64-256 columns; the fp32 accumulators
-stay in registers: two (the running total and the chunk's) where K is cut into chunks — at most
+Tiles of 64 or 128 rows (a warpgroup, 4 warps, per 64) and 64-256 columns, or, swapped (`swap_ab`: the
+MMA computes the tile transposed, w's rows as its 64-row side), 16-64 rows of a decode batch by 64 or 128
+columns; the fp32 accumulators stay in registers: two (the running total and the chunk's) where K is cut into chunks — at most
 128 columns — and one where K is whole. sm_90 only; the caller checks `applies` and `tile_fits`.
 """
 from __future__ import annotations
@@ -102,9 +103,13 @@ if HAS_GLUON:
         return total + acc
 
     @gluon.jit
-    def _chunked_wgmma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, HAS_BIAS: gl.constexpr,
+    def _chunked_wgmma_kernel(a_desc, b_desc, c_desc, out_ptr, bias_ptr, M, N, stride_om, HAS_BIAS: gl.constexpr,
                               NUM_CHUNKS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr,
-                              NUM_BUFFERS: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
+                              NUM_BUFFERS: gl.constexpr, SWAP: gl.constexpr, PDL: gl.constexpr,
+                              num_warps: gl.constexpr):
+        """One output tile: acc = A rows x B rows^T. A is x and B is w; with SWAP, A is w and B is x (M and N
+        are then the output's N and M), so a few x rows ride in the MMA's N slot (8-256) instead of
+        filling most of a 64-row one, and the tile is stored transposed."""
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         NUM_K: gl.constexpr = NUM_CHUNKS * CHUNK_BLOCKS  # every chunk whole: past K, TMA reads zeros
@@ -132,26 +137,47 @@ if HAS_GLUON:
         for s in gl.static_range(NUM_BUFFERS):
             mbarrier.invalidate(bars.index(s))
 
-        if HAS_BIAS:
-            offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-            bias = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)
-            total = total + gl.expand_dims(bias, 0)
-        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-        c_smem.store(total.to(c_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)  # rows past M are clipped
-        tma.store_wait(pendings=0)
+        if SWAP:  # acc[i, j] is out[off_n + j, off_m + i]: the bias runs down the rows, the store is transposed
+            if HAS_BIAS:
+                offs_b = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+                bias = gl.load(bias_ptr + offs_b, mask=offs_b < M, other=0.0).to(gl.float32)
+                total = total + gl.expand_dims(bias, 1)
+            # a warp's lanes on 32 consecutive output columns (one output row each store)
+            store: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[32, 1],
+                                                   warps_per_cta=[BLOCK_M // 32, num_warps // (BLOCK_M // 32)],
+                                                   order=[0, 1])
+            vals = gl.convert_layout(total.to(out_ptr.dtype.element_ty), store)
+            cols = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, store))
+            rows = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, store))
+            ptrs = out_ptr + gl.expand_dims(rows, 0) * stride_om + gl.expand_dims(cols, 1)
+            gl.store(ptrs, vals, mask=(gl.expand_dims(cols, 1) < M) & (gl.expand_dims(rows, 0) < N))
+        else:
+            if HAS_BIAS:
+                offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+                bias = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)
+                total = total + gl.expand_dims(bias, 0)
+            c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+            c_smem.store(total.to(c_desc.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)  # rows past M are clipped
+            tma.store_wait(pendings=0)
 
 
 SMEM_BYTES = 227 * 1024  # an sm_90 CTA's shared memory
 MAX_ACC_REGS = 128  # fp32 accumulator registers a thread may hold (two tiles when K is cut into chunks)
 
 
-def tile_fits(block_m: int, block_n: int, chunked: bool) -> bool:
-    """Whether a `block_m` x `block_n` tile is one this kernel runs: one warpgroup (4 warps) per 64 rows,
-    a wgmma N of 64-256, and its accumulators in registers — one tile when K is whole, two (the chunk's
-    and the running total) when K is cut: 128 x 128 with 8 warps holds two, 128 x 256 only one."""
-    if block_m not in (64, 128) or block_n not in (64, 128, 256):
+def tile_fits(block_m: int, block_n: int, chunked: bool, swap_ab: bool = False) -> bool:
+    """Whether a `block_m` x `block_n` output tile is one this kernel runs: one warpgroup (4 warps) per 64
+    rows of the MMA's A operand, a wgmma N of 64-256, and its accumulators in registers — one tile when K
+    is whole, two (the chunk's and the running total) when K is cut: 128 x 128 with 8 warps holds two,
+    128 x 256 only one. With `swap_ab` the A operand is w's `block_n` rows (64 or 128) and x's `block_m`
+    rows (16-64) are the MMA's N."""
+    if swap_ab:
+        block_m, block_n = block_n, block_m
+        if block_m not in (64, 128) or block_n not in (16, 32, 64):
+            return False
+    elif block_m not in (64, 128) or block_n not in (64, 128, 256):
         return False
     # a BM x BN fp32 tile over BM / 16 warps of 32 threads: BN / 2 registers a thread
     return block_n // 2 * (2 if chunked else 1) <= MAX_ACC_REGS
@@ -172,10 +198,13 @@ def applies(x: Any, w: Any, block_k: int) -> bool:
 
 
 def linear_wgmma(x: Any, w: Any, bias: Any = None, *, chunk: int, block_k: int = 64, group_m: int = 8,
-                 num_buffers: int = 4, pdl: bool = False, block_m: int = 128, block_n: int = 128) -> Any:
+                 num_buffers: int = 4, pdl: bool = False, block_m: int = 128, block_n: int = 128,
+                 swap_ab: bool = False) -> Any:
     """`x @ w.T + bias` under `linear`'s K partition `chunk` (a multiple of `block_k`), in `block_m` x
-    `block_n` tiles (`tile_fits`) with warpgroup MMAs: the same fp32 operations, so the same bits, as
-    `linear` at any schedule. The ring holds `num_buffers` K blocks, fewer where shared memory ends."""
+    `block_n` output tiles (`tile_fits`) with warpgroup MMAs: the same fp32 operations, so the same bits,
+    as `linear` at any schedule. With `swap_ab` each MMA computes the tile transposed (w's rows as its A
+    operand, x's as its B: a decode batch of 16-64 rows does not pad out a 64-row MMA). The ring holds
+    `num_buffers` K blocks, fewer where shared memory ends."""
     import torch
     import triton
 
@@ -183,24 +212,29 @@ def linear_wgmma(x: Any, w: Any, bias: Any = None, *, chunk: int, block_k: int =
     N = w.shape[0]
     assert chunk % block_k == 0, f"chunk {chunk} must be whole BLOCK_K {block_k} blocks"
     chunk = min(chunk, -(-K // block_k) * block_k)
-    assert tile_fits(block_m, block_n, chunk < K), f"no warpgroup tile {block_m} x {block_n} (chunk {chunk}, K {K})"
+    assert tile_fits(block_m, block_n, chunk < K, swap_ab), \
+        f"no warpgroup tile {block_m} x {block_n} (chunk {chunk}, K {K}, swap_ab {swap_ab})"
     stage = (block_m + block_n) * block_k * x.element_size()
-    num_buffers = min(num_buffers, (SMEM_BYTES - 1024 - block_m * block_n * x.element_size()) // stage)
+    c_tile = 0 if swap_ab else block_m * block_n * x.element_size()  # the swapped tile is stored from registers
+    num_buffers = min(num_buffers, (SMEM_BYTES - 1024 - c_tile) // stage)
     assert num_buffers >= 2, "a slot for the MMA in flight and one loading"
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0:
         return out
     dt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
-    a_desc = TensorDescriptor.from_tensor(x, [block_m, block_k], gl.NVMMASharedLayout.get_default_for(
-        [block_m, block_k], dt))
-    b_desc = TensorDescriptor.from_tensor(w, [block_n, block_k], gl.NVMMASharedLayout.get_default_for(
-        [block_n, block_k], dt))
-    c_desc = TensorDescriptor.from_tensor(out, [block_m, block_n], gl.NVMMASharedLayout.get_default_for(
-        [block_m, block_n], dt))
+
+    def desc(t: Any, rows: int, cols: int) -> Any:
+        return TensorDescriptor.from_tensor(t, [rows, cols], gl.NVMMASharedLayout.get_default_for([rows, cols], dt))
+
+    x_desc, w_desc = desc(x, block_m, block_k), desc(w, block_n, block_k)
+    a_desc, b_desc = (w_desc, x_desc) if swap_ab else (x_desc, w_desc)
+    c_desc = b_desc if swap_ab else desc(out, block_m, block_n)  # (unused when swapped)
+    rows_a, rows_b = (N, M) if swap_ab else (M, N)
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
     extra = {"launch_pdl": True} if pdl else {}
-    _chunked_wgmma_kernel[(tiles,)](a_desc, b_desc, c_desc, bias if bias is not None else out, M, N,
-                                    HAS_BIAS=bias is not None, NUM_CHUNKS=triton.cdiv(K, chunk),
+    _chunked_wgmma_kernel[(tiles,)](a_desc, b_desc, c_desc, out, bias if bias is not None else out, rows_a, rows_b,
+                                    out.stride(0), HAS_BIAS=bias is not None, NUM_CHUNKS=triton.cdiv(K, chunk),
                                     CHUNK_BLOCKS=chunk // block_k, GROUP_M=group_m, NUM_BUFFERS=num_buffers,
-                                    PDL=pdl, num_warps=block_m // 16, **extra)
+                                    SWAP=swap_ab, PDL=pdl, num_warps=(block_n if swap_ab else block_m) // 16,
+                                    **extra)
     return out

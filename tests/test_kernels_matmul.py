@@ -163,11 +163,12 @@ def test_rank_partials_folded_in_order_are_the_one_gpu_linear_cpu():
 
 def test_the_schedule_follows_m_and_the_site_while_the_partition_stays():
     """The schedule rules of the matmul program (kernels/programs/matmul.py): K-whole calls of M 33-512
-    take the 64 x 64 warpgroup tile (a ring of 4 once its tiles pass two an SM), the LM head the
+    take the 64 x 64 warpgroup tile (a ring of 4 once its tiles pass two an SM) but narrow outputs at
+    M 33-64 (the Triton 16-row tile), wide outputs at M 17-32 the swapped warpgroup tile, the LM head the
     128 x 256 one from M = 65 and not when the schedule does not follow M; a cut K keeps its Triton or
     warpgroup 128 x 128 rows. The pinned partition is one value for every M."""
-    from detent_rl.kernels.programs.matmul import (SMALL_WGMMA, SMALL_WGMMA_RING4, TILE_CHOICES, WGMMA_CHOICE,
-                                                   WIDE_WGMMA)
+    from detent_rl.kernels.programs.matmul import (ROWS16, SMALL_WGMMA, SMALL_WGMMA_RING4, SWAP_WGMMA, TILE_CHOICES,
+                                                   WGMMA_CHOICE, WIDE_WGMMA)
 
     def tile(sel, m):
         s = sel(m)
@@ -175,12 +176,18 @@ def test_the_schedule_follows_m_and_the_site_while_the_partition_stays():
 
     small, wide = (64, 64, True, SMALL_WGMMA.num_stages), (128, 128 * 2, True, WIDE_WGMMA.num_stages)
     ring4 = (64, 64, True, SMALL_WGMMA_RING4.num_stages)
+    rows16 = (ROWS16.block_m, ROWS16.block_n, False, ROWS16.num_stages)
     _, qkv = _selectors(1152, 896)
-    assert [tile(qkv, m)[2] for m in (1, 32)] == [False, False]
-    assert all(tile(qkv, m) == small for m in (33, 128, 300, 512)), [tile(qkv, m) for m in (33, 128, 300, 512)]
+    assert [tile(qkv, m)[2] for m in (1, 32)] == [False, False] and not any(qkv(m).tile_swap_ab for m in (17, 32))
+    assert all(tile(qkv, m) == rows16 for m in (33, 64)), [tile(qkv, m) for m in (33, 64)]  # 18 tiles: Triton rows
+    assert all(tile(qkv, m) == small for m in (65, 128, 300, 512)), [tile(qkv, m) for m in (65, 128, 300, 512)]
     assert not tile(qkv, 513)[2]
     _, gate_up = _selectors(9728, 896)
-    assert tile(gate_up, 64) == small and tile(gate_up, 128) == ring4 != small  # 304 tiles: a ring of 4
+    assert not gate_up(16).tile_swap_ab and not gate_up(16).tile_wgmma  # M <= 16: the Triton 16-row tile
+    assert all(gate_up(m).tile_swap_ab and tile(gate_up, m)[:3] == (SWAP_WGMMA.block_m, SWAP_WGMMA.block_n, True)
+               for m in (17, 32))  # 152 column tiles, M 17-32: swapped
+    assert tile(gate_up, 33) == small and tile(gate_up, 64) == small and not gate_up(64).tile_swap_ab
+    assert tile(gate_up, 128) == ring4 != small  # 304 tiles: a ring of 4
     assert tile(gate_up, 256)[:3] == (64, 128, False)  # 608 tiles: the Triton 64 x 128 tile
     solution = solve(matmul_program, QWEN2_05B.facts("matmul", {"n": 151936, "k": 896}), cache=JITCache(enabled=False))
     head, head_one = solution.commit(), solution.commit(knobs={"schedule_by_m": False})

@@ -35,7 +35,7 @@ def _data(n, k, bias, dtype, rows=2048):
 def _failures(sel, x, w, b) -> list[str]:
     full = _run(x, w, b, sel(x.shape[0]))
     bad = []
-    for m in (1, 2, 7, 16, 33, 100, 512):
+    for m in (1, 2, 7, 16, 24, 32, 33, 64, 100, 512):
         sub = _run(x[:m], w, b, sel(m))
         rows = (sub != full[:m]).any(dim=1).nonzero().flatten().tolist()
         if rows:
@@ -113,7 +113,7 @@ def test_the_flat_sequential_loop_keeps_the_bits(n, k, bias):
 def test_wgmma_sequential_form_keeps_the_bits(n, k, bias):
     """`linear(wgmma=True)` (`matmul_wgmma`: warpgroup MMAs issued by hand, waited for once a chunk)
     against the Triton kernel's rows of the same partition, at ragged M, tiles (64 and 128 rows, 64-256
-    columns), ring depths and BLOCK_K; control: the partition still decides the bits (K whole differs
+    columns; swapped, x's 16-64 rows in the MMA's N slot), ring depths and BLOCK_K; control: the partition still decides the bits (K whole differs
     from 128-element chunks)."""
     from detent_rl.kernels.matmul_wgmma import applies, linear_wgmma, tile_fits
     rows = 256 if n > 100_000 else 2048
@@ -123,14 +123,16 @@ def test_wgmma_sequential_form_keeps_the_bits(n, k, bias):
     bad, outs = [], {}
     for chunk in (128, 640, 1 << 20):
         ref = linear(x, w, b, chunk=chunk, parallel=False, block_m=128, block_n=128, block_k=64, num_warps=8)
-        for bm, bn, bk, ring in ((128, 128, 64, 4), (128, 128, 128, 3), (64, 64, 64, 6), (64, 256, 64, 3),
-                                  (128, 256, 64, 3)):
-            if chunk % bk or not tile_fits(bm, bn, chunk < k):
+        for bm, bn, bk, ring, swap in ((128, 128, 64, 4, False), (128, 128, 128, 3, False), (64, 64, 64, 6, False),
+                                        (64, 256, 64, 3, False), (128, 256, 64, 3, False), (32, 64, 64, 6, True),
+                                        (16, 128, 64, 4, True), (64, 64, 64, 6, True)):
+            if chunk % bk or not tile_fits(bm, bn, chunk < k, swap):
                 continue
-            for m in (1, 77, 300, rows):
-                got = linear_wgmma(x[:m], w, b, chunk=chunk, block_k=bk, num_buffers=ring, block_m=bm, block_n=bn)
+            for m in (1, 77, 300, rows) if not swap else (1, 5, 32, 77, 300):
+                got = linear_wgmma(x[:m], w, b, chunk=chunk, block_k=bk, num_buffers=ring, block_m=bm, block_n=bn,
+                                   swap_ab=swap)
                 if not torch.equal(got, ref[:m]):
-                    bad.append(f"chunk {chunk} ({bm}x{bn}, bk {bk}, ring {ring}) M={m}: "
+                    bad.append(f"chunk {chunk} ({bm}x{bn}, bk {bk}, ring {ring}, swap {swap}) M={m}: "
                                f"{int((got != ref[:m]).sum())} outputs differ")
         via = linear(x[:300], w, b, chunk=chunk, parallel=False, block_m=128, block_n=128, block_k=64,
                      num_stages=4, wgmma=True)

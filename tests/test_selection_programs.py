@@ -63,7 +63,8 @@ def test_matmul_cut_is_the_k_partition_and_the_schedule_follows_m():
     sol = solve(matmul.matmul_program, matmul.REFERENCE_FACTS, cache=JITCache(enabled=False))
     assert sol.stats["pins"] == ("chunk",)
     assert set(sol.stats["schedule_points"]) == {f"tile.{f}" for f in ("parallel", "block_m", "block_n", "block_k",
-                                                                        "group_m", "num_warps", "num_stages", "wgmma")}
+                                                                        "group_m", "num_warps", "num_stages", "wgmma",
+                                                                        "swap_ab")}
     stock, pinned = sol.stock(), sol.commit({"chunk": 640})
     assert stock(1).chunk == 640 and stock(8192).chunk == 4864  # split-K for decode, K whole for prefill
     assert pinned(1).chunk == pinned(8192).chunk == 640

@@ -33,12 +33,13 @@ class GemmSchedule:
     num_warps: int
     num_stages: int
     wgmma: bool  # sequential chunks by hand-issued warpgroup MMAs (kernels/matmul_wgmma.py) where it applies
+    swap_ab: bool  # (wgmma) each tile computed transposed: w's rows the MMA's 64-row side, x's its N
 
 
 def _s(parallel: bool, block_m: int, block_n: int, block_k: int, group_m: int, num_warps: int,
-       num_stages: int, wgmma: bool = False) -> GemmSchedule:
+       num_stages: int, wgmma: bool = False, swap_ab: bool = False) -> GemmSchedule:
     return GemmSchedule(parallel=parallel, block_m=block_m, block_n=block_n, block_k=block_k, group_m=group_m,
-                        num_warps=num_warps, num_stages=num_stages, wgmma=wgmma)
+                        num_warps=num_warps, num_stages=num_stages, wgmma=wgmma, swap_ab=swap_ab)
 
 
 # Per bucket (the largest M it serves, in increasing order), the schedules a tuner may pick with the
@@ -48,10 +49,14 @@ def _s(parallel: bool, block_m: int, block_n: int, block_k: int, group_m: int, n
 SMALL_WGMMA = _s(False, 64, 64, 64, 8, 4, 6, wgmma=True)  # one warpgroup, a ring of 6 K blocks
 SMALL_WGMMA_RING4 = _s(False, 64, 64, 64, 8, 4, 4, wgmma=True)  # the same with a ring of 4 (more CTAs an SM)
 WIDE_WGMMA = _s(False, 128, 256, 64, 8, 8, 3, wgmma=True)  # K whole only (one fp32 tile in registers)
+# a decode batch of 17-32 rows: x's 32 rows in the MMA's N slot, 64 rows of w its A side (swapped)
+SWAP_WGMMA = _s(False, 32, 64, 64, 8, 4, 6, wgmma=True, swap_ab=True)
+ROWS16 = _s(False, 16, 64, 128, 1, 4, 4)  # the 32 bucket's Triton tile, for M 33-64 on narrow outputs
 TILE_CHOICES = {  # per bucket, choice index -> schedule (an index keeps its meaning in every bucket it is in)
-    32: {0: _s(True, 16, 64, 128, 1, 4, 4), 1: _s(True, 16, 32, 128, 1, 4, 4), 2: _s(False, 16, 64, 128, 1, 4, 4)},
+    32: {0: _s(True, 16, 64, 128, 1, 4, 4), 1: _s(True, 16, 32, 128, 1, 4, 4), 2: _s(False, 16, 64, 128, 1, 4, 4),
+         6: SWAP_WGMMA},
     128: {0: _s(True, 64, 64, 64, 4, 4, 3), 1: _s(True, 32, 64, 64, 4, 4, 4), 2: _s(False, 64, 128, 64, 8, 4, 3),
-          3: SMALL_WGMMA, 5: SMALL_WGMMA_RING4},
+          3: SMALL_WGMMA, 5: SMALL_WGMMA_RING4, 7: ROWS16},
     512: {0: _s(True, 64, 128, 64, 8, 4, 3), 1: _s(True, 64, 64, 64, 8, 4, 4), 2: _s(False, 128, 128, 64, 8, 8, 3),
           3: SMALL_WGMMA, 4: WIDE_WGMMA, 5: SMALL_WGMMA_RING4},
     2048: {0: _s(False, 128, 128, 64, 8, 8, 3), 1: _s(False, 128, 256, 64, 8, 8, 3), 2: _s(False, 64, 128, 64, 8, 4, 3),
@@ -79,6 +84,12 @@ WGMMA_CHOICE = 3
 # at M = 1-32 the 128 x 256 warpgroup tile took 1.24-1.42x cuBLAS against 0.99x in Triton tiles (a
 # tuple with `schedule_by_m` off, which keeps one schedule for every M, keeps the Triton one).
 SMALL_WGMMA_CHOICE, WIDE_WGMMA_CHOICE, SMALL_WGMMA_RING4_CHOICE = 3, 4, 5
+# Decode batches, K whole (H200, bench/gemm_wgmma_probe.py --ms 8,32,64, docs/BENCHMARKS.md, session 17): on an
+# output wide enough that its 64-column tiles number at least the SMs (gate_up), M 17-32 runs swapped warpgroup
+# tiles (choice 6: 0.5B gate_up at M = 32 7.5 us, 1.03x cuBLAS, against 8.4-10.2 in Triton tiles); below that
+# width (qkv, o) M 33-64 keeps the 32 bucket's 16 x 64 Triton tile (choice 7: the 0.5B qkv / o at M = 64 4.5 / 4.3
+# us, 0.96x cuBLAS, against 5.6 / 5.4 in the 64 x 64 warpgroup tile, whose 14-18 CTAs leave most SMs idle).
+SWAP_WGMMA_CHOICE, ROWS16_CHOICE = 6, 7
 SMALL_TILES_PER_SM = 3
 VOCAB_N = 65536
 SCHEDULES = {bucket: choices[0] for bucket, choices in TILE_CHOICES.items()}  # the defaults
@@ -111,8 +122,8 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
                    smem_bytes: Fact[int], dtype_bytes: Fact[int]):
     assume(1 <= m <= max_m)
     by_m = knob("schedule_by_m", (True, False), True)
-    t32 = knob("tile_32", (0, 1, 2), 0)  # each bucket's TILE_CHOICES keys
-    t128 = knob("tile_128", (0, 1, 2, 3, 5), 0)
+    t32 = knob("tile_32", (0, 1, 2, 6), 0)  # each bucket's TILE_CHOICES keys
+    t128 = knob("tile_128", (0, 1, 2, 3, 5, 7), 0)
     t512 = knob("tile_512", (0, 1, 2, 3, 4, 5), 0)
     t2048 = knob("tile_2048", (0, 1, 2, 3, 4), 0)
     t8192 = knob("tile_8192", (0, 1, 2, 3, 4), 0)
@@ -139,6 +150,11 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
     if choice == 0 and chunk >= k and n >= VOCAB_N and m > (64 if by_m else max_m):  # not when M is not read
         choice = WIDE_WGMMA_CHOICE
     small_tiles = (m + 63) // 64 * ((n + 63) // 64)
+    wide = (n + 63) // 64 >= num_sms  # one row of 64-column tiles fills the SMs
+    if choice == 0 and chunk >= k and bucket == 32 and m > 16 and wide:
+        choice = SWAP_WGMMA_CHOICE
+    if choice == 0 and chunk >= k and bucket == 128 and m <= 64 and not wide:
+        choice = ROWS16_CHOICE
     if choice == 0 and chunk >= k and 128 <= natural <= 512 and small_tiles <= SMALL_TILES_PER_SM * num_sms:
         choice = SMALL_WGMMA_CHOICE
         if small_tiles > 2 * num_sms:  # many tiles: a shorter ring lets more CTAs share a multiprocessor
@@ -154,7 +170,7 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
     stages = min(row.num_stages, smem_bytes // stage)
     tile = GemmSchedule(parallel=row.parallel and chunk < k, block_m=row.block_m, block_n=row.block_n,
                         block_k=row.block_k, group_m=row.group_m, num_warps=row.num_warps, num_stages=stages,
-                        wgmma=row.wgmma)
+                        wgmma=row.wgmma, swap_ab=row.swap_ab)
     require(stages >= 1, "one stage of the tiles must fit in shared memory")
     require(chunk % CHUNK_ALIGN == 0 and chunk >= CHUNK_ALIGN, "a chunk is whole BLOCK_K blocks of every schedule")
     return {"chunk": chunk, "tile": tile}
