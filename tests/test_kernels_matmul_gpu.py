@@ -113,8 +113,8 @@ def test_the_flat_sequential_loop_keeps_the_bits(n, k, bias):
 def test_wgmma_sequential_form_keeps_the_bits(n, k, bias):
     """`linear(wgmma=True)` (`matmul_wgmma`: warpgroup MMAs issued by hand, waited for once a chunk)
     against the Triton kernel's rows of the same partition, at ragged M, tiles (64 and 128 rows, 64-256
-    columns; swapped, x's 16-64 rows in the MMA's N slot), ring depths and BLOCK_K; control: the partition still decides the bits (K whole differs
-    from 128-element chunks)."""
+    columns; swapped, x's 16-64 rows in the MMA's N slot), ring depths and BLOCK_K; control: the partition
+    still decides the bits (K whole differs from 128-element chunks)."""
     from detent_rl.kernels.matmul_wgmma import applies, linear_wgmma, tile_fits
     rows = 256 if n > 100_000 else 2048
     x, w, b = _data(n, k, bias, torch.bfloat16, rows)
