@@ -83,8 +83,9 @@ def main() -> None:
                     continue
                 if not (torch.equal(out, ref) and torch.equal(out, par_ref)):
                     same = False
+                    worst = float((out.float() - ref.float()).abs().max())
                     errors.append(f"{(bm, bn, bk, ring, swap)}: {int((out != ref).sum())} of {ref.numel()} outputs "
-                                  f"differ from linear's; max |diff| {float((out.float() - ref.float()).abs().max()):.3g}")
+                                  f"differ from linear's; max |diff| {worst:.3g}")
                 each.append((timed(lambda: linear_wgmma(x, w(), b, **kw)), (bm, bn, bk, ring, "swap" if swap else "")))
                 best = min(best, each[-1])
             lin = min(seq[0], par[0])

@@ -16,7 +16,8 @@ on every site).
 Tiles of 64 or 128 rows (a warpgroup, 4 warps, per 64) and 64-256 columns, or, swapped (`swap_ab`: the
 MMA computes the tile transposed, w's rows as its 64-row side), 16-64 rows of a decode batch by 64 or 128
 columns; the fp32 accumulators stay in registers: two (the running total and the chunk's) where K is cut
-into chunks — at most 128 columns — and one where K is whole. sm_90 only; the caller checks `applies` and `tile_fits`.
+into chunks — at most 128 columns — and one where K is whole. sm_90 only; the caller checks `applies`
+and `tile_fits`.
 """
 from __future__ import annotations
 
