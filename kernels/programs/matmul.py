@@ -51,10 +51,9 @@ SMALL_WGMMA_RING4 = _s(False, 64, 64, 64, 8, 4, 4, wgmma=True)  # the same with 
 WIDE_WGMMA = _s(False, 128, 256, 64, 8, 8, 3, wgmma=True)  # K whole only (one fp32 tile in registers)
 # a decode batch of 17-32 rows: x's 32 rows in the MMA's N slot, 64 rows of w its A side (swapped)
 SWAP_WGMMA = _s(False, 32, 64, 64, 8, 4, 6, wgmma=True, swap_ab=True)
-ROWS16 = _s(False, 16, 64, 128, 1, 4, 4)  # the 32 bucket's Triton tile, for M 33-64 on narrow outputs
+ROWS16 = _s(False, 16, 64, 128, 1, 4, 4)  # the 32 bucket's sequential Triton tile; also M 33-64 on narrow outputs
 TILE_CHOICES = {  # per bucket, choice index -> schedule (an index keeps its meaning in every bucket it is in)
-    32: {0: _s(True, 16, 64, 128, 1, 4, 4), 1: _s(True, 16, 32, 128, 1, 4, 4), 2: _s(False, 16, 64, 128, 1, 4, 4),
-         6: SWAP_WGMMA},
+    32: {0: _s(True, 16, 64, 128, 1, 4, 4), 1: _s(True, 16, 32, 128, 1, 4, 4), 2: ROWS16, 6: SWAP_WGMMA},
     128: {0: _s(True, 64, 64, 64, 4, 4, 3), 1: _s(True, 32, 64, 64, 4, 4, 4), 2: _s(False, 64, 128, 64, 8, 4, 3),
           3: SMALL_WGMMA, 5: SMALL_WGMMA_RING4, 7: ROWS16},
     512: {0: _s(True, 64, 128, 64, 8, 4, 3), 1: _s(True, 64, 64, 64, 8, 4, 4), 2: _s(False, 128, 128, 64, 8, 8, 3),
