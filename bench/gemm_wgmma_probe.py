@@ -1,16 +1,18 @@
 """Probe: the K-partition linear's sequential form as hand-issued warpgroup MMAs (Gluon) vs cuBLAS.
 
-    python3 -P bench/gemm_wgmma_probe.py [--ms 128,256,512,2048,8192] [--cases down05,down15,...]
+    python3 -P bench/gemm_wgmma_probe.py [--ms 128,256,512,2048,8192] [--cases down05,down15,...] [--no-triton]
 
 For each site and M: cuBLAS, `linear`'s best sequential and parallel schedules (the plain Triton
 kernel), and `matmul_wgmma.linear_wgmma` at each tile / BLOCK_K / ring depth, swapped (`swap_ab`: x's rows
-in the MMA's N slot) at M <= 128, every output compared bit for
+in the MMA's N slot) at M <= 128, each also persistent (`persistent`: as many programs as the SMs hold,
+a few tiles each; `P` in the listing) where its tiles outnumber the SMs, every output compared bit for
 bit with `linear`'s of the same partition (sequential and parallel forms). Times: CUDA-graph replays
 over cold weight copies (`timing.cold_copies`), median us.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -46,8 +48,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ms", default="512,2048,8192")
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--no-triton", action="store_true", help="skip timing the plain Triton kernel's tiles")
     args = ap.parse_args()
     g = torch.Generator(device="cuda").manual_seed(0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; us per call")
     print("| site | M | cuBLAS | linear seq (best) | linear par (best) | wgmma (best: bk, ring) | wgmma / cuBLAS | "
           "best linear / cuBLAS | bits |")
@@ -64,35 +68,40 @@ def main() -> None:
             cublas = timed(lambda: F.linear(x, w(), b))
             ref = linear(x, w0, b, chunk=chunk, parallel=False, block_m=64, block_n=64, block_k=64)
             par_ref = linear(x, w0, b, chunk=chunk, parallel=True, block_m=16, block_n=64, block_k=64)
-            small = SMALL if m <= 64 else []
+            small = SMALL if m <= 64 and not args.no_triton else []
             seq = min((timed(lambda: linear(x, w(), b, chunk=chunk, parallel=False, block_m=bm, block_n=bn,
                                             block_k=bk, num_warps=wp, num_stages=st)), (bm, bn, bk, wp, st))
-                      for bm, bn, bk, wp, st in SEQ + small if chunk % bk == 0)
+                      for bm, bn, bk, wp, st in (SEQ[:1] if args.no_triton else SEQ) + small if chunk % bk == 0)
             par = min((timed(lambda: linear(x, w(), b, chunk=chunk, parallel=True, block_m=bm, block_n=bn,
                                             block_k=bk, num_warps=wp, num_stages=st)), (bm, bn, bk, wp, st))
-                      for bm, bn, bk, wp, st in PAR + small if chunk % bk == 0) if chunk < k else (float("inf"), None)
+                      for bm, bn, bk, wp, st in (PAR[:1] if args.no_triton else PAR) + small
+                      if chunk % bk == 0) if chunk < k else (float("inf"), None)
             best, same, errors, each = (float("inf"), None), True, [], []
-            for bm, bn, bk, ring, swap in WGMMA:
+            for (bm, bn, bk, ring, swap), pers in itertools.product(WGMMA, (False, True)):
                 if chunk % bk or not tile_fits(bm, bn, chunk < k, swap) or (swap and m > SWAP_M):
                     continue
-                kw = dict(chunk=chunk, block_k=bk, num_buffers=ring, block_m=bm, block_n=bn, swap_ab=swap)
+                if pers and triton.cdiv(m, bm) * triton.cdiv(n, bn) <= sms:  # one wave: the same launch
+                    continue
+                kw = dict(chunk=chunk, block_k=bk, num_buffers=ring, block_m=bm, block_n=bn, swap_ab=swap,
+                          persistent=pers)
+                name = (bm, bn, bk, ring, ("swap" if swap else "") + ("P" if pers else ""))
                 try:
                     out = linear_wgmma(x, w0, b, **kw)
                 except Exception as e:  # noqa: BLE001 - a probe reports what does not compile or launch
-                    errors.append(f"{(bm, bn, bk, ring, swap)}: {type(e).__name__}: {str(e)[:300]}")
+                    errors.append(f"{name}: {type(e).__name__}: {str(e)[:300]}")
                     continue
                 if not (torch.equal(out, ref) and torch.equal(out, par_ref)):
                     same = False
                     worst = float((out.float() - ref.float()).abs().max())
-                    errors.append(f"{(bm, bn, bk, ring, swap)}: {int((out != ref).sum())} of {ref.numel()} outputs "
+                    errors.append(f"{name}: {int((out != ref).sum())} of {ref.numel()} outputs "
                                   f"differ from linear's; max |diff| {worst:.3g}")
-                each.append((timed(lambda: linear_wgmma(x, w(), b, **kw)), (bm, bn, bk, ring, "swap" if swap else "")))
+                each.append((timed(lambda: linear_wgmma(x, w(), b, **kw)), name))
                 best = min(best, each[-1])
             lin = min(seq[0], par[0])
             print(f"| {case} | {m} | {cublas:.1f} | {seq[0]:.1f} {seq[1]} | {par[0]:.1f} {par[1] or ''} | "
                   f"{best[0]:.1f} {best[1]} | {best[0] / cublas:.2f}x | {lin / cublas:.2f}x | "
                   f"{'=' if same else 'DIFF'} |", flush=True)
-            print("    wgmma each (bm, bn, bk, ring, swap): " + ", ".join(f"{c} {t:.1f}" for t, c in each))
+            print("    wgmma each (bm, bn, bk, ring, swap/P): " + ", ".join(f"{c} {t:.1f}" for t, c in each))
             for e in errors[:3]:
                 print("   ", e)
 

@@ -136,7 +136,7 @@ def check_operands(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, chunk: int, parallel: bool,
            block_m: int, block_n: int, block_k: int, group_m: int = 8, num_warps: int = 4,
            num_stages: int = 3, flat: bool = False, wgmma: bool = False, swap_ab: bool = False,
-           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+           persistent: bool = False, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """`x @ w.T + bias` for x [M, K], w [N, K]: K cut into `chunk`-element chunks (what fixes the
     bits; `chunk >= K` is one chunk), computed by the parallel or the sequential schedule with the
     given tile (free per call: neither changes a row's bits). `flat` runs the sequential schedule as
@@ -146,7 +146,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     the fp32 sum unrounded (a row-parallel rank's partial, which the TP-invariant fold adds to its peers'
     in chunk order: models/parallel.py); default x's dtype. `swap_ab` (with `wgmma`) computes each tile
     transposed in the warpgroup kernel (`matmul_wgmma`); where that kernel does not run, the same tile
-    runs the Triton kernel: the same bits."""
+    runs the Triton kernel: the same bits. `persistent` (with `wgmma`) runs the warpgroup kernel's tiles a
+    few to a program, as many programs as the SMs hold (bit-neutral too)."""
     check_operands(x, w, bias)
     assert chunk > 0 and block_m > 0 and block_n > 0 and block_k > 0
     assert chunk % block_k == 0, f"chunk {chunk} must be whole BLOCK_K {block_k} blocks"
@@ -160,7 +161,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     if (wgmma and out_dtype == x.dtype and x.is_cuda and (not parallel or chunk >= x.shape[1])
             and wgmma_applies(x, w, block_k) and wgmma_tile_fits(block_m, block_n, chunk < x.shape[1], swap_ab)):
         return linear_wgmma(x, w, bias, chunk=chunk, block_k=block_k, group_m=group_m, num_buffers=num_stages,
-                            pdl=pdl(x)["PDL"], block_m=block_m, block_n=block_n, swap_ab=swap_ab)
+                            pdl=pdl(x)["PDL"], block_m=block_m, block_n=block_n, swap_ab=swap_ab,
+                            persistent=persistent)
     if x.is_cuda or interpreting():
         return _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps,
                               num_stages, flat, out_dtype)
@@ -234,7 +236,7 @@ def launch_params(selection: Any) -> dict:
             "block_n": selection.tile_block_n, "block_k": selection.tile_block_k,
             "group_m": selection.tile_group_m, "num_warps": selection.tile_num_warps,
             "num_stages": selection.tile_num_stages, "wgmma": selection.tile_wgmma,
-            "swap_ab": selection.tile_swap_ab}
+            "swap_ab": selection.tile_swap_ab, "persistent": selection.tile_persistent}
 
 
 def stock_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -46,11 +46,18 @@ if HAS_GLUON:
         return first_m + (pid % group) % size_m, (pid % group) // size_m
 
     @gluon.jit
-    def _issue_load(i, a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs, NUM_BUFFERS: gl.constexpr, pred):
-        """TMA copies of K block `i` of the x rows and w rows into ring slot i % NUM_BUFFERS."""
+    def _tile_offsets(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+        """Tile `tile`'s first row and column (`_tile_ids`)."""
+        pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        return pid_m * BLOCK_M, pid_n * BLOCK_N
+
+    @gluon.jit
+    def _issue_load(i, off_m, off_n, kb, a_desc, b_desc, bars, a_bufs, b_bufs, NUM_BUFFERS: gl.constexpr, pred):
+        """TMA copies of K block `kb` of the tile at (off_m, off_n), the x rows and the w rows, into ring slot
+        i % NUM_BUFFERS (`i`: the blocks the program loaded before this one)."""
         slot = i % NUM_BUFFERS
         bar = bars.index(slot)
-        k = i * a_desc.block_type.shape[1]
+        k = kb * a_desc.block_type.shape[1]
         mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
         tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(slot), pred)
         tma.async_copy_global_to_shared(b_desc, [off_n, k], bar, b_bufs.index(slot), pred)
@@ -64,30 +71,37 @@ if HAS_GLUON:
                              is_async=True)
 
     @gluon.jit
-    def _mma_and_refill(i, acc, use_acc, a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs,
-                        NUM_BUFFERS: gl.constexpr, NUM_K: gl.constexpr):
-        """Issue K block i's MMA onto the one in flight (the hardware keeps their order), wait until at most
-        it is outstanding (block i - 1's MMA is done: its slot is free), and load the block that slot takes."""
+    def _mma_and_refill(i, j, acc, use_acc, a_desc, b_desc, off_m, off_n, next_m, next_n, num_loads, bars, a_bufs,
+                        b_bufs, NUM_BUFFERS: gl.constexpr, NUM_K: gl.constexpr):
+        """Issue the program's K block i (block j of its tile) onto the MMA in flight (the hardware keeps their
+        order), wait until at most it is outstanding (block i - 1's MMA is done: its slot is free), and load the
+        block that slot takes: block j + NUM_BUFFERS - 1 of this tile or, past its end, of the program's next
+        tile at (next_m, next_n) (the ring runs on from one tile into the next; NUM_BUFFERS <= NUM_K + 1 keeps
+        it within that one), while the program has blocks left (`num_loads` in all)."""
         acc = _block_mma(i, acc, use_acc, bars, a_bufs, b_bufs, NUM_BUFFERS)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        _issue_load(i + NUM_BUFFERS - 1, a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs, NUM_BUFFERS,
-                    i + NUM_BUFFERS - 1 < NUM_K)
+        kb = j + NUM_BUFFERS - 1
+        here = (kb < NUM_K).to(gl.int32)
+        _issue_load(i + NUM_BUFFERS - 1, next_m + here * (off_m - next_m), next_n + here * (off_n - next_n),
+                    kb - (1 - here) * NUM_K, a_desc, b_desc, bars, a_bufs, b_bufs, NUM_BUFFERS,
+                    i + NUM_BUFFERS - 1 < num_loads)
         return acc
 
     @gluon.jit
-    def _chunk_sums(a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs, layout: gl.constexpr,
-                    NUM_CHUNKS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr, NUM_BUFFERS: gl.constexpr):
-        """The chunk sums added in chunk order. One accumulator serves every chunk: a chunk's end waits
-        for its MMAs before the next chunk's first one overwrites it. (Two chunk accumulators in turn,
-        to overlap that wait, need a third 128 x 128 fp32 tile in registers: measured, it spilled and
-        ran 3-4x slower.)"""
+    def _chunk_sums(base, a_desc, b_desc, off_m, off_n, next_m, next_n, num_loads, bars, a_bufs, b_bufs,
+                    layout: gl.constexpr, NUM_CHUNKS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr,
+                    NUM_BUFFERS: gl.constexpr):
+        """One tile's chunk sums added in chunk order; its K blocks are the program's blocks `base` on. One
+        accumulator serves every chunk: a chunk's end waits for its MMAs before the next chunk's first one
+        overwrites it. (Two chunk accumulators in turn, to overlap that wait, need a third 128 x 128 fp32 tile
+        in registers: measured, it spilled and ran 3-4x slower.)"""
         NUM_K: gl.constexpr = NUM_CHUNKS * CHUNK_BLOCKS
         shape: gl.constexpr = (a_desc.block_type.shape[0], b_desc.block_type.shape[0])
         acc = gl.zeros(shape, dtype=gl.float32, layout=layout)
         if NUM_CHUNKS == 1:  # K whole: one accumulator, no running total held beside it
             for i in range(NUM_K):
-                acc = _mma_and_refill(i, acc, i != 0, a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs,
-                                      NUM_BUFFERS, NUM_K)
+                acc = _mma_and_refill(base + i, i, acc, i != 0, a_desc, b_desc, off_m, off_n, next_m, next_n,
+                                      num_loads, bars, a_bufs, b_bufs, NUM_BUFFERS, NUM_K)
             return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         total = acc
         for i in range(NUM_K):
@@ -98,19 +112,41 @@ if HAS_GLUON:
                     total = acc
                 else:
                     total = total + acc
-            acc = _mma_and_refill(i, acc, j != 0, a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs,
-                                  NUM_BUFFERS, NUM_K)  # a chunk's first MMA starts from zero
+            acc = _mma_and_refill(base + i, i, acc, j != 0, a_desc, b_desc, off_m, off_n, next_m, next_n,
+                                  num_loads, bars, a_bufs, b_bufs, NUM_BUFFERS, NUM_K)  # a chunk starts from zero
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         return total + acc
+
+    @gluon.jit
+    def _store_swapped(total, off_m, off_n, out_ptr, bias_ptr, M, N, stride_om, HAS_BIAS: gl.constexpr,
+                       layout: gl.constexpr, num_warps: gl.constexpr):
+        """A swapped tile: total[i, j] is out[off_n + j, off_m + i]; the bias runs down the rows, the store
+        is transposed (from registers)."""
+        BLOCK_M: gl.constexpr = total.shape[0]
+        BLOCK_N: gl.constexpr = total.shape[1]
+        if HAS_BIAS:
+            offs_b = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+            bias = gl.load(bias_ptr + offs_b, mask=offs_b < M, other=0.0).to(gl.float32)
+            total = total + gl.expand_dims(bias, 1)
+        # a warp's lanes on 32 consecutive output columns (one output row each store)
+        store: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[32, 1],
+                                               warps_per_cta=[BLOCK_M // 32, num_warps // (BLOCK_M // 32)],
+                                               order=[0, 1])
+        vals = gl.convert_layout(total.to(out_ptr.dtype.element_ty), store)
+        cols = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, store))
+        rows = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, store))
+        ptrs = out_ptr + gl.expand_dims(rows, 0) * stride_om + gl.expand_dims(cols, 1)
+        gl.store(ptrs, vals, mask=(gl.expand_dims(cols, 1) < M) & (gl.expand_dims(rows, 0) < N))
 
     @gluon.jit
     def _chunked_wgmma_kernel(a_desc, b_desc, c_desc, out_ptr, bias_ptr, M, N, stride_om, HAS_BIAS: gl.constexpr,
                               NUM_CHUNKS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr,
                               NUM_BUFFERS: gl.constexpr, SWAP: gl.constexpr, PDL: gl.constexpr,
                               num_warps: gl.constexpr):
-        """One output tile: acc = A rows x B rows^T. A is x and B is w; with SWAP, A is w and B is x (M and N
-        are then the output's N and M), so a few x rows ride in the MMA's N slot (8-256) instead of
-        filling most of a 64-row one, and the tile is stored transposed."""
+        """Output tiles program_id, program_id + num_programs, ... (one tile a program, or, persistent, a few
+        in turn, the ring running on across them): acc = A rows x B rows^T. A is x and B is w; with SWAP, A
+        is w and B is x (M and N are then the output's N and M), so a few x rows ride in the MMA's N slot
+        (8-256) instead of filling most of a 64-row one, and the tile is stored transposed."""
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         NUM_K: gl.constexpr = NUM_CHUNKS * CHUNK_BLOCKS  # every chunk whole: past K, TMA reads zeros
@@ -119,49 +155,46 @@ if HAS_GLUON:
                                       pack=1)
             gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                       is_pure=False, pack=1)
-        pid_m, pid_n = _tile_ids(gl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
+        pid = gl.program_id(0)
+        num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+        my_tiles = (num_tiles - pid + gl.num_programs(0) - 1) // gl.num_programs(0)
+        num_loads = my_tiles * NUM_K
 
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_BUFFERS] + a_desc.block_type.shape, a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_BUFFERS] + b_desc.block_type.shape, b_desc.layout)
         bars = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(NUM_BUFFERS):
             mbarrier.init(bars.index(s), count=1)
+        if not SWAP:  # the tile's TMA store buffer; a tile's store runs on under the next tile's MMAs
+            c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
 
         layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
-        for i in gl.static_range(NUM_BUFFERS - 1):  # the ring's first blocks
-            _issue_load(i, a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs, NUM_BUFFERS, i < NUM_K)
-        total = _chunk_sums(a_desc, b_desc, off_m, off_n, bars, a_bufs, b_bufs, layout, NUM_CHUNKS, CHUNK_BLOCKS,
-                            NUM_BUFFERS)
+        off_m, off_n = _tile_offsets(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        for i in gl.static_range(NUM_BUFFERS - 1):  # the ring's first blocks (NUM_BUFFERS <= NUM_K + 1)
+            _issue_load(i, off_m, off_n, i, a_desc, b_desc, bars, a_bufs, b_bufs, NUM_BUFFERS, i < num_loads)
+        for t in range(my_tiles):
+            # the program's next tile (past its last one the loads are predicated off)
+            next_m, next_n = _tile_offsets(pid + (t + 1) * gl.num_programs(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            total = _chunk_sums(t * NUM_K, a_desc, b_desc, off_m, off_n, next_m, next_n, num_loads, bars, a_bufs,
+                                b_bufs, layout, NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS)
+            if SWAP:
+                _store_swapped(total, off_m, off_n, out_ptr, bias_ptr, M, N, stride_om, HAS_BIAS, layout, num_warps)
+            else:
+                if HAS_BIAS:
+                    offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+                    bias = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)
+                    total = total + gl.expand_dims(bias, 0)
+                tma.store_wait(pendings=0)  # the previous tile's store has read the buffer
+                c_smem.store(total.to(c_desc.dtype))
+                fence_async_shared()
+                tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)  # rows past M are clipped
+            off_m = next_m
+            off_n = next_n
+        if not SWAP:
+            tma.store_wait(pendings=0)
         for s in gl.static_range(NUM_BUFFERS):
             mbarrier.invalidate(bars.index(s))
-
-        if SWAP:  # acc[i, j] is out[off_n + j, off_m + i]: the bias runs down the rows, the store is transposed
-            if HAS_BIAS:
-                offs_b = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-                bias = gl.load(bias_ptr + offs_b, mask=offs_b < M, other=0.0).to(gl.float32)
-                total = total + gl.expand_dims(bias, 1)
-            # a warp's lanes on 32 consecutive output columns (one output row each store)
-            store: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[32, 1],
-                                                   warps_per_cta=[BLOCK_M // 32, num_warps // (BLOCK_M // 32)],
-                                                   order=[0, 1])
-            vals = gl.convert_layout(total.to(out_ptr.dtype.element_ty), store)
-            cols = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, store))
-            rows = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, store))
-            ptrs = out_ptr + gl.expand_dims(rows, 0) * stride_om + gl.expand_dims(cols, 1)
-            gl.store(ptrs, vals, mask=(gl.expand_dims(cols, 1) < M) & (gl.expand_dims(rows, 0) < N))
-        else:
-            if HAS_BIAS:
-                offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-                bias = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)
-                total = total + gl.expand_dims(bias, 0)
-            c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-            c_smem.store(total.to(c_desc.dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)  # rows past M are clipped
-            tma.store_wait(pendings=0)
 
 
 SMEM_BYTES = 227 * 1024  # an sm_90 CTA's shared memory
@@ -195,17 +228,43 @@ def applies(x: Any, w: Any, block_k: int) -> bool:
         return False
     K = x.shape[1]
     return (x.stride(1) == 1 and w.stride(1) == 1 and (x.stride(0) * 2) % 16 == 0 and (w.stride(0) * 2) % 16 == 0
-            and (K * 2) % 16 == 0 and x.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0 and block_k in (32, 64))
+            and (K * 2) % 16 == 0 and x.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0 and block_k in (32, 64, 128))
+
+
+SM_SMEM_BYTES = 228 * 1024  # an sm_90 multiprocessor's shared memory (each CTA also reserves 1 KiB of it)
+_RESIDENT: dict = {}  # compiled configuration -> CTAs one multiprocessor holds at once
+
+
+def _num_sms(device: Any) -> int:
+    import torch
+
+    key = ("sms", device)
+    if key not in _RESIDENT:
+        _RESIDENT[key] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _RESIDENT[key]
+
+
+def _resident_ctas(compiled: Any, num_warps: int) -> int:
+    """How many CTAs of a compiled kernel one multiprocessor holds at once: its shared memory and its
+    registers (65,536 a multiprocessor) decide."""
+    compiled._init_handles()
+    by_smem = SM_SMEM_BYTES // (compiled.metadata.shared + 1024)
+    by_regs = 65536 // max(1, compiled.n_regs * 32 * num_warps)
+    return max(1, min(by_smem, by_regs))
 
 
 def linear_wgmma(x: Any, w: Any, bias: Any = None, *, chunk: int, block_k: int = 64, group_m: int = 8,
                  num_buffers: int = 4, pdl: bool = False, block_m: int = 128, block_n: int = 128,
-                 swap_ab: bool = False) -> Any:
+                 swap_ab: bool = False, persistent: bool = False, programs: int = 0) -> Any:
     """`x @ w.T + bias` under `linear`'s K partition `chunk` (a multiple of `block_k`), in `block_m` x
     `block_n` output tiles (`tile_fits`) with warpgroup MMAs: the same fp32 operations, so the same bits,
     as `linear` at any schedule. With `swap_ab` each MMA computes the tile transposed (w's rows as its A
     operand, x's as its B: a decode batch of 16-64 rows does not pad out a 64-row MMA). The ring holds
-    `num_buffers` K blocks, fewer where shared memory ends."""
+    `num_buffers` K blocks, fewer where shared memory ends. `persistent` launches only as many programs as
+    the multiprocessors hold at once, each running every so-many-th tile in turn: the ring runs on from one
+    tile into the next (its first blocks load under the last MMAs of the one before) and a tile's store
+    under the next tile's MMAs (`programs`, where positive, caps the programs instead: tests). The tiles'
+    arithmetic is unchanged."""
     import torch
     import triton
 
@@ -217,7 +276,8 @@ def linear_wgmma(x: Any, w: Any, bias: Any = None, *, chunk: int, block_k: int =
         f"no warpgroup tile {block_m} x {block_n} (chunk {chunk}, K {K}, swap_ab {swap_ab})"
     stage = (block_m + block_n) * block_k * x.element_size()
     c_tile = 0 if swap_ab else block_m * block_n * x.element_size()  # the swapped tile is stored from registers
-    num_buffers = min(num_buffers, (SMEM_BYTES - 1024 - c_tile) // stage)
+    # no deeper than a tile's K blocks and one (the kernel's refills reach into the next tile only)
+    num_buffers = min(num_buffers, (SMEM_BYTES - 1024 - c_tile) // stage, -(-K // block_k) + 1)
     assert num_buffers >= 2, "a slot for the MMA in flight and one loading"
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0:
@@ -232,10 +292,17 @@ def linear_wgmma(x: Any, w: Any, bias: Any = None, *, chunk: int, block_k: int =
     c_desc = b_desc if swap_ab else desc(out, block_m, block_n)  # (unused when swapped)
     rows_a, rows_b = (N, M) if swap_ab else (M, N)
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-    extra = {"launch_pdl": True} if pdl else {}
-    _chunked_wgmma_kernel[(tiles,)](a_desc, b_desc, c_desc, out, bias if bias is not None else out, rows_a, rows_b,
-                                    out.stride(0), HAS_BIAS=bias is not None, NUM_CHUNKS=triton.cdiv(K, chunk),
-                                    CHUNK_BLOCKS=chunk // block_k, GROUP_M=group_m, NUM_BUFFERS=num_buffers,
-                                    SWAP=swap_ab, PDL=pdl, num_warps=(block_n if swap_ab else block_m) // 16,
-                                    **extra)
+    num_warps = (block_n if swap_ab else block_m) // 16
+    args = (a_desc, b_desc, c_desc, out, bias if bias is not None else out, rows_a, rows_b, out.stride(0))
+    meta = dict(HAS_BIAS=bias is not None, NUM_CHUNKS=triton.cdiv(K, chunk), CHUNK_BLOCKS=chunk // block_k,
+                GROUP_M=group_m, NUM_BUFFERS=num_buffers, SWAP=swap_ab, PDL=pdl, num_warps=num_warps)
+    if pdl:
+        meta["launch_pdl"] = True
+    grid = tiles
+    if persistent:
+        key = (x.device, x.dtype, block_m, block_n, block_k, swap_ab) + tuple(meta.values())
+        if key not in _RESIDENT:
+            _RESIDENT[key] = _resident_ctas(_chunked_wgmma_kernel.warmup(*args, grid=(1,), **meta), num_warps)
+        grid = min(tiles, programs or _num_sms(x.device) * _RESIDENT[key])
+    _chunked_wgmma_kernel[(grid,)](*args, **meta)
     return out

@@ -4,6 +4,7 @@ M) visibly is not; the Triton code under the CPU interpreter (logic only: GPU bi
 tests/test_kernels_matmul_gpu.py's)."""
 from __future__ import annotations
 
+import dataclasses
 
 import pytest
 import torch
@@ -24,9 +25,10 @@ TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 QWEN2_05B = Deployment(num_heads=14, num_kv_heads=2, head_dim=64, hidden=896, vocab=151936)
 
 
-def _selectors(n: int, k: int):
-    """(stock, detent) selectors of the matmul site (n, k)."""
-    sol = solve(matmul_program, QWEN2_05B.facts("matmul", {"n": n, "k": k}), cache=JITCache(enabled=False))
+def _selectors(n: int, k: int, dtype_bytes: int = 2):
+    """(stock, detent) selectors of the matmul site (n, k), for operands of `dtype_bytes` bytes."""
+    deployment = dataclasses.replace(QWEN2_05B, dtype_bytes=dtype_bytes)
+    sol = solve(matmul_program, deployment.facts("matmul", {"n": n, "k": k}), cache=JITCache(enabled=False))
     return sol.stock(), sol.commit()
 
 
@@ -164,24 +166,29 @@ def test_rank_partials_folded_in_order_are_the_one_gpu_linear_cpu():
 def test_the_schedule_follows_m_and_the_site_while_the_partition_stays():
     """The schedule rules of the matmul program (kernels/programs/matmul.py): K-whole calls of M 33-512
     take the 64 x 64 warpgroup tile (a ring of 4 once its tiles pass two an SM) but narrow outputs at
-    M 33-64 (the Triton 16-row tile), wide outputs at M 17-32 the swapped warpgroup tile, the LM head the
-    128 x 256 one from M = 65 and not when the schedule does not follow M; a cut K keeps its Triton or
-    warpgroup 128 x 128 rows. The pinned partition is one value for every M."""
-    from detent_rl.kernels.programs.matmul import (ROWS16, SMALL_WGMMA, SMALL_WGMMA_RING4, SWAP_WGMMA, TILE_CHOICES,
-                                                   WGMMA_CHOICE, WIDE_WGMMA)
+    M 33-64 (the Triton 16-row tile), wide outputs at M 17-32 the swapped warpgroup tile and at M 257-512
+    the persistent 128 x 128 one of 128-element K blocks; from M = 513 the persistent 128 x 256 tile while
+    those tiles number half the SMs, else that 128 x 128 one; the LM head the persistent 128 x 256 one from
+    M = 65 and not when the schedule does not follow M; a cut K keeps its parallel Triton rows to M = 512 and
+    the warpgroup 128 x 128 tile (one a program) from M = 513. The pinned partition is one value for every M."""
+    from detent_rl.kernels.programs.matmul import (DEEP_WGMMA_P, ROWS16, SMALL_WGMMA, SMALL_WGMMA_RING4, SWAP_WGMMA,
+                                                   TILE_CHOICES, WGMMA_CHOICE, WIDE_WGMMA_P)
 
     def tile(sel, m):
         s = sel(m)
-        return (s.tile_block_m, s.tile_block_n, s.tile_wgmma, s.tile_num_stages)
+        return (s.tile_block_m, s.tile_block_n, s.tile_wgmma, s.tile_num_stages, s.tile_block_k, s.tile_persistent)
 
-    small, wide = (64, 64, True, SMALL_WGMMA.num_stages), (128, 128 * 2, True, WIDE_WGMMA.num_stages)
-    ring4 = (64, 64, True, SMALL_WGMMA_RING4.num_stages)
-    rows16 = (ROWS16.block_m, ROWS16.block_n, False, ROWS16.num_stages)
+    def row(r):
+        return (r.block_m, r.block_n, r.wgmma, r.num_stages, r.block_k, r.persistent)
+
+    small, wide, deep_p = row(SMALL_WGMMA), row(WIDE_WGMMA_P), row(DEEP_WGMMA_P)
+    ring4, rows16 = row(SMALL_WGMMA_RING4), row(ROWS16)
     _, qkv = _selectors(1152, 896)
     assert [tile(qkv, m)[2] for m in (1, 32)] == [False, False] and not any(qkv(m).tile_swap_ab for m in (17, 32))
     assert all(tile(qkv, m) == rows16 for m in (33, 64)), [tile(qkv, m) for m in (33, 64)]  # 18 tiles: Triton rows
     assert all(tile(qkv, m) == small for m in (65, 128, 300, 512)), [tile(qkv, m) for m in (65, 128, 300, 512)]
-    assert not tile(qkv, 513)[2]
+    assert tile(qkv, 513) == deep_p and tile(qkv, 1664) == deep_p  # 25 and 65 tiles of 128 x 256: under 66
+    assert tile(qkv, 1665) == wide and tile(qkv, 8192) == wide  # 70 and 320 of them
     _, gate_up = _selectors(9728, 896)
     assert not gate_up(16).tile_swap_ab and not gate_up(16).tile_wgmma  # M <= 16: the Triton 16-row tile
     assert all(gate_up(m).tile_swap_ab and tile(gate_up, m)[:3] == (SWAP_WGMMA.block_m, SWAP_WGMMA.block_n, True)
@@ -189,6 +196,7 @@ def test_the_schedule_follows_m_and_the_site_while_the_partition_stays():
     assert tile(gate_up, 33) == small and tile(gate_up, 64) == small and not gate_up(64).tile_swap_ab
     assert tile(gate_up, 128) == ring4 != small  # 304 tiles: a ring of 4
     assert tile(gate_up, 256)[:3] == (64, 128, False)  # 608 tiles: the Triton 64 x 128 tile
+    assert tile(gate_up, 257) == deep_p and tile(gate_up, 512) == deep_p and tile(gate_up, 2048) == wide
     solution = solve(matmul_program, QWEN2_05B.facts("matmul", {"n": 151936, "k": 896}), cache=JITCache(enabled=False))
     head, head_one = solution.commit(), solution.commit(knobs={"schedule_by_m": False})
     assert [tile(head, m)[2] for m in (1, 64)] == [False, False]
@@ -197,8 +205,8 @@ def test_the_schedule_follows_m_and_the_site_while_the_partition_stays():
     _, down = _selectors(896, 4864)
     cut = solve(matmul_program, QWEN2_05B.facts("matmul", {"n": 896, "k": 4864}),
                 cache=JITCache(enabled=False)).commit(pins={"chunk": 640})
-    big = TILE_CHOICES[2048][WGMMA_CHOICE]
-    assert tile(cut, 1000)[:3] == (big.block_m, big.block_n, True)
+    big = row(TILE_CHOICES[2048][WGMMA_CHOICE])
+    assert tile(cut, 513) == big and tile(cut, 8192) == big
     assert not any(cut(m).tile_wgmma for m in (1, 64, 512))  # a cut K below M 513: the parallel chunks
     for sel in (qkv, gate_up, head, down, cut):
         assert len({sel(m).chunk for m in (1, 33, 65, 300, 513, 4096)}) == 1

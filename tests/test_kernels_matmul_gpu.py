@@ -53,7 +53,7 @@ def test_linear_gpu_reference_and_invariance(dtype, n, k, bias):
     if dtype == torch.float32 and n > 20000:
         pytest.skip("fp32 lm_head covered by bf16")
     x, w, b = _data(n, k, bias, dtype)
-    stock, detent = _selectors(n, k)
+    stock, detent = _selectors(n, k, dtype.itemsize)  # fp32 operands: fp32 tiles' shared memory
     out = _run(x[:64], w, b, detent(64))
     ref = linear_ref(x[:64], w, b)
     rel = ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1)).item()
@@ -113,8 +113,9 @@ def test_the_flat_sequential_loop_keeps_the_bits(n, k, bias):
 def test_wgmma_sequential_form_keeps_the_bits(n, k, bias):
     """`linear(wgmma=True)` (`matmul_wgmma`: warpgroup MMAs issued by hand, waited for once a chunk)
     against the Triton kernel's rows of the same partition, at ragged M, tiles (64 and 128 rows, 64-256
-    columns; swapped, x's 16-64 rows in the MMA's N slot), ring depths and BLOCK_K; control: the partition
-    still decides the bits (K whole differs from 128-element chunks)."""
+    columns; swapped, x's 16-64 rows in the MMA's N slot), ring depths and BLOCK_K, one tile a program or
+    persistent (a program's tiles in turn, the ring running on across them); control: the partition still
+    decides the bits (K whole differs from 128-element chunks)."""
     from detent_rl.kernels.matmul_wgmma import applies, linear_wgmma, tile_fits
     rows = 256 if n > 100_000 else 2048
     x, w, b = _data(n, k, bias, torch.bfloat16, rows)
@@ -129,11 +130,13 @@ def test_wgmma_sequential_form_keeps_the_bits(n, k, bias):
             if chunk % bk or not tile_fits(bm, bn, chunk < k, swap):
                 continue
             for m in (1, 77, 300, rows) if not swap else (1, 5, 32, 77, 300):
-                got = linear_wgmma(x[:m], w, b, chunk=chunk, block_k=bk, num_buffers=ring, block_m=bm, block_n=bn,
-                                   swap_ab=swap)
-                if not torch.equal(got, ref[:m]):
-                    bad.append(f"chunk {chunk} ({bm}x{bn}, bk {bk}, ring {ring}, swap {swap}) M={m}: "
-                               f"{int((got != ref[:m]).sum())} outputs differ")
+                # one tile a program; persistent, as many programs as the SMs hold; persistent, 7 programs
+                for persistent, programs in ((False, 0), (True, 0), (True, 7)):
+                    got = linear_wgmma(x[:m], w, b, chunk=chunk, block_k=bk, num_buffers=ring, block_m=bm,
+                                       block_n=bn, swap_ab=swap, persistent=persistent, programs=programs)
+                    if not torch.equal(got, ref[:m]):
+                        bad.append(f"chunk {chunk} ({bm}x{bn}, bk {bk}, ring {ring}, swap {swap}, persistent "
+                                   f"{persistent} {programs}) M={m}: {int((got != ref[:m]).sum())} outputs differ")
         via = linear(x[:300], w, b, chunk=chunk, parallel=False, block_m=128, block_n=128, block_k=64,
                      num_stages=4, wgmma=True)
         if not torch.equal(via, ref[:300]):

@@ -64,7 +64,7 @@ def test_matmul_cut_is_the_k_partition_and_the_schedule_follows_m():
     assert sol.stats["pins"] == ("chunk",)
     assert set(sol.stats["schedule_points"]) == {f"tile.{f}" for f in ("parallel", "block_m", "block_n", "block_k",
                                                                         "group_m", "num_warps", "num_stages", "wgmma",
-                                                                        "swap_ab")}
+                                                                        "swap_ab", "persistent")}
     stock, pinned = sol.stock(), sol.commit({"chunk": 640})
     assert stock(1).chunk == 640 and stock(8192).chunk == 4864  # split-K for decode, K whole for prefill
     assert pinned(1).chunk == pinned(8192).chunk == 640

@@ -34,12 +34,14 @@ class GemmSchedule:
     num_stages: int
     wgmma: bool  # sequential chunks by hand-issued warpgroup MMAs (kernels/matmul_wgmma.py) where it applies
     swap_ab: bool  # (wgmma) each tile computed transposed: w's rows the MMA's 64-row side, x's its N
+    persistent: bool  # (wgmma) as many programs as the SMs hold, each running a few tiles in turn
 
 
 def _s(parallel: bool, block_m: int, block_n: int, block_k: int, group_m: int, num_warps: int,
-       num_stages: int, wgmma: bool = False, swap_ab: bool = False) -> GemmSchedule:
+       num_stages: int, wgmma: bool = False, swap_ab: bool = False, persistent: bool = False) -> GemmSchedule:
     return GemmSchedule(parallel=parallel, block_m=block_m, block_n=block_n, block_k=block_k, group_m=group_m,
-                        num_warps=num_warps, num_stages=num_stages, wgmma=wgmma, swap_ab=swap_ab)
+                        num_warps=num_warps, num_stages=num_stages, wgmma=wgmma, swap_ab=swap_ab,
+                        persistent=persistent)
 
 
 # Per bucket (the largest M it serves, in increasing order), the schedules a tuner may pick with the
@@ -48,27 +50,31 @@ def _s(parallel: bool, block_m: int, block_n: int, block_k: int, group_m: int, n
 # bit-neutrality is re-measured by tests/test_kernels_matmul_gpu.py.
 SMALL_WGMMA = _s(False, 64, 64, 64, 8, 4, 6, wgmma=True)  # one warpgroup, a ring of 6 K blocks
 SMALL_WGMMA_RING4 = _s(False, 64, 64, 64, 8, 4, 4, wgmma=True)  # the same with a ring of 4 (more CTAs an SM)
-WIDE_WGMMA = _s(False, 128, 256, 64, 8, 8, 3, wgmma=True)  # K whole only (one fp32 tile in registers)
 # a decode batch of 17-32 rows: x's 32 rows in the MMA's N slot, 64 rows of w its A side (swapped)
 SWAP_WGMMA = _s(False, 32, 64, 64, 8, 4, 6, wgmma=True, swap_ab=True)
 ROWS16 = _s(False, 16, 64, 128, 1, 4, 4)  # the 32 bucket's sequential Triton tile; also M 33-64 on narrow outputs
+# K blocks of 128 (half the MMA waits and TMA issues), a few tiles a program
+DEEP_WGMMA_P = _s(False, 128, 128, 128, 8, 8, 3, wgmma=True, persistent=True)
+# K whole only (one fp32 tile in registers); choice 4 was this tile one a program, retired in session 18
+WIDE_WGMMA_P = _s(False, 128, 256, 64, 8, 8, 3, wgmma=True, persistent=True)
 TILE_CHOICES = {  # per bucket, choice index -> schedule (an index keeps its meaning in every bucket it is in)
     32: {0: _s(True, 16, 64, 128, 1, 4, 4), 1: _s(True, 16, 32, 128, 1, 4, 4), 2: ROWS16, 6: SWAP_WGMMA},
     128: {0: _s(True, 64, 64, 64, 4, 4, 3), 1: _s(True, 32, 64, 64, 4, 4, 4), 2: _s(False, 64, 128, 64, 8, 4, 3),
           3: SMALL_WGMMA, 5: SMALL_WGMMA_RING4, 7: ROWS16},
     512: {0: _s(True, 64, 128, 64, 8, 4, 3), 1: _s(True, 64, 64, 64, 8, 4, 4), 2: _s(False, 128, 128, 64, 8, 8, 3),
-          3: SMALL_WGMMA, 4: WIDE_WGMMA, 5: SMALL_WGMMA_RING4},
+          3: SMALL_WGMMA, 5: SMALL_WGMMA_RING4, 8: DEEP_WGMMA_P, 9: WIDE_WGMMA_P},
     2048: {0: _s(False, 128, 128, 64, 8, 8, 3), 1: _s(False, 128, 256, 64, 8, 8, 3), 2: _s(False, 64, 128, 64, 8, 4, 3),
-           3: _s(False, 128, 128, 64, 8, 8, 4, wgmma=True), 4: WIDE_WGMMA},
-    8192: {0: _s(False, 128, 256, 64, 8, 8, 3), 1: _s(False, 128, 128, 64, 8, 8, 3), 2: _s(False, 128, 128, 32, 8, 8, 3),
-           3: _s(False, 128, 128, 64, 8, 8, 4, wgmma=True), 4: WIDE_WGMMA},
+           3: _s(False, 128, 128, 64, 8, 8, 4, wgmma=True), 8: DEEP_WGMMA_P, 9: WIDE_WGMMA_P},
+    8192: {0: _s(False, 128, 256, 64, 8, 8, 3), 1: _s(False, 128, 128, 64, 8, 8, 3),
+           2: _s(False, 128, 128, 32, 8, 8, 3), 3: _s(False, 128, 128, 64, 8, 8, 4, wgmma=True), 8: DEEP_WGMMA_P,
+           9: WIDE_WGMMA_P},
 }
 # From M = 513 a site whose K is cut into chunks (K > N: the down projections) runs the chunks in
 # sequence by hand-issued warpgroup MMAs (choice 3; the Triton tile where that does not apply): at
 # M = 2,048 / 8,192 the 0.5B down projection took 1.29x / 1.26x cuBLAS that way against 1.88x / 1.70x
 # in the Triton kernel, the 1.5B one 1.32x / 1.16x against 1.89x / 1.51x (H200,
-# bench/gemm_wgmma_probe.py, docs/BENCHMARKS.md). From M = 513 the K-whole sites but the LM head keep the
-# Triton tile by default (within 5 % of the warpgroup kernel either way); the tuner may pick choice 3 for any site.
+# bench/gemm_wgmma_probe.py, docs/BENCHMARKS.md). Since session 18 the K-whole sites take persistent warpgroup
+# tiles from M = 513 too (below). No knob names choice 3 any more: the cut K reaches it through choice 0.
 WGMMA_CHOICE = 3
 # Where K is whole (one chunk: qkv, o, gate_up, the LM head) in the 128 and 512 buckets (M 33-512: a
 # decode batch, short prefills), warpgroup MMAs in 64 x 64 tiles fed by a TMA ring of 6 (choice 3) ran
@@ -78,17 +84,27 @@ WGMMA_CHOICE = 3
 # 608 and ran as fast in the Triton 64 x 128 tile); past two a multiprocessor the ring is 4 (the 0.5B
 # gate_up at M = 128, 304 tiles: 8.4 us with a ring of 4 (choice 5), 11.3 with 6; the 1.5B qkv at 512, 256 tiles:
 # 9.0 with 6, 10.0 with 4). The LM head (n >= VOCAB_N) runs 128 x 256 warpgroup tiles from M = 65
-# (choice 4): 1.07-1.15x cuBLAS at M = 128-2,048 against the Triton kernel's 1.13-1.29x (the 1.5B
-# gate_up, 17,920 wide, ran 15 % slower so at M = 256: it keeps the Triton tile). Not below M = 65:
-# at M = 1-32 the 128 x 256 warpgroup tile took 1.24-1.42x cuBLAS against 0.99x in Triton tiles (a
-# tuple with `schedule_by_m` off, which keeps one schedule for every M, keeps the Triton one).
-SMALL_WGMMA_CHOICE, WIDE_WGMMA_CHOICE, SMALL_WGMMA_RING4_CHOICE = 3, 4, 5
+# (choice 4; persistent, choice 9, since session 18): 1.07-1.15x cuBLAS at M = 128-2,048 against the Triton
+# kernel's 1.13-1.29x (the 1.5B gate_up, 17,920 wide, ran 15 % slower so at M = 256: it keeps the Triton
+# tile). Not below M = 65: at M = 1-32 the 128 x 256 warpgroup tile took 1.24-1.42x cuBLAS against 0.99x in
+# Triton tiles (a tuple with `schedule_by_m` off, which keeps one schedule for every M, keeps the Triton one).
+SMALL_WGMMA_CHOICE, SMALL_WGMMA_RING4_CHOICE = 3, 5
 # Decode batches, K whole (H200, bench/gemm_wgmma_probe.py --ms 8,32,64, docs/BENCHMARKS.md, session 17): on an
 # output wide enough that its 64-column tiles number at least the SMs (gate_up), M 17-32 runs swapped warpgroup
 # tiles (choice 6: 0.5B gate_up at M = 32 7.5 us, 1.03x cuBLAS, against 8.4-10.2 in Triton tiles); below that
 # width (qkv, o) M 33-64 keeps the 32 bucket's 16 x 64 Triton tile (choice 7: the 0.5B qkv / o at M = 64 4.5 / 4.3
 # us, 0.96x cuBLAS, against 5.6 / 5.4 in the 64 x 64 warpgroup tile, whose 14-18 CTAs leave most SMs idle).
 SWAP_WGMMA_CHOICE, ROWS16_CHOICE = 6, 7
+# Large M, K whole, 16-bit operands (H200, session 18, docs/BENCHMARKS.md): persistent programs (the ring running on
+# from tile to tile, a tile's store under the next one's MMAs; bench/gemm_wgmma_probe.py --no-triton) ran the 0.5B
+# gate_up at M = 512 / 2,048 in 18.1-19.9 / 57.4 us against 21.8-23.2 / 62.5 one tile a program. From M = 513 these
+# sites take the persistent 128 x 256 tile (choice 9) while those tiles number at least half the SMs, else the
+# persistent 128 x 128 tile of 128-element K blocks (choice 8: the 0.5B o at 2,048); M 257-512 on outputs too wide
+# for the small tiles (gate_up) takes choice 8 too. Through the engine's selection (python -m detent_rl.bench
+# --cases gemm) the 0.5B o, gate_up and LM head ran 0.97-1.08x cuBLAS at M = 2,048 / 8,192 (session 17's Triton
+# tiles: 1.09-1.20x), qkv 1.44 / 1.26x (1.46 / 1.40x), gate_up at 512 1.26x (1.34x). The cut K (down) keeps
+# choice 3: K blocks of 128 ran it no faster (33.3 against 33.2 us at M = 2,048).
+DEEP_WGMMA_P_CHOICE, WIDE_WGMMA_P_CHOICE = 8, 9
 SMALL_TILES_PER_SM = 3
 VOCAB_N = 65536
 SCHEDULES = {bucket: choices[0] for bucket, choices in TILE_CHOICES.items()}  # the defaults
@@ -123,9 +139,11 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
     by_m = knob("schedule_by_m", (True, False), True)
     t32 = knob("tile_32", (0, 1, 2, 6), 0)  # each bucket's TILE_CHOICES keys
     t128 = knob("tile_128", (0, 1, 2, 3, 5, 7), 0)
-    t512 = knob("tile_512", (0, 1, 2, 3, 4, 5), 0)
-    t2048 = knob("tile_2048", (0, 1, 2, 3, 4), 0)
-    t8192 = knob("tile_8192", (0, 1, 2, 3, 4), 0)
+    # (rows the rules reach that no knob names: 9 in the 512 bucket; 3 from 2048, the cut K's default, which
+    # choice 0 reaches; the knobs' product times the tile key's values stays small enough to enumerate)
+    t512 = knob("tile_512", (0, 1, 2, 3, 5, 8), 0)
+    t2048 = knob("tile_2048", (0, 1, 2, 8, 9), 0)
+    t8192 = knob("tile_8192", (0, 1, 2, 8, 9), 0)
     bucket = gemm_bucket(m) if by_m else 8192
     natural = bucket
     if n >= WIDE_N and bucket < 512:
@@ -147,7 +165,7 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
     splits = max(1, min(num_sms // tiles, k // CHUNK_ALIGN)) if base.parallel and k > n else 1
     chunk = ((k + splits - 1) // splits + CHUNK_ALIGN - 1) // CHUNK_ALIGN * CHUNK_ALIGN
     if choice == 0 and chunk >= k and n >= VOCAB_N and m > (64 if by_m else max_m):  # not when M is not read
-        choice = WIDE_WGMMA_CHOICE
+        choice = WIDE_WGMMA_P_CHOICE
     small_tiles = (m + 63) // 64 * ((n + 63) // 64)
     wide = (n + 63) // 64 >= num_sms  # one row of 64-column tiles fills the SMs
     if choice == 0 and chunk >= k and bucket == 32 and m > 16 and wide:
@@ -158,10 +176,15 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
         choice = SMALL_WGMMA_CHOICE
         if small_tiles > 2 * num_sms:  # many tiles: a shorter ring lets more CTAs share a multiprocessor
             choice = SMALL_WGMMA_RING4_CHOICE
+    if choice == 0 and chunk >= k and bucket == 512 and m > 256 and dtype_bytes == 2:
+        choice = DEEP_WGMMA_P_CHOICE  # (the small tiles' rule above took the narrower outputs)
     if bucket == 512 and choice == 0 and tiles * ((k + chunk - 1) // chunk) * FILL_SHARE < num_sms:
         choice = 1
     if bucket >= 2048 and choice == 0 and k > n:
         choice = WGMMA_CHOICE
+    if by_m and bucket >= 2048 and choice == 0 and chunk >= k and dtype_bytes == 2:  # (reads M)
+        wide_tiles = (m + 127) // 128 * ((n + 255) // 256)
+        choice = WIDE_WGMMA_P_CHOICE if wide_tiles * 2 >= num_sms else DEEP_WGMMA_P_CHOICE
     row = TILES[bucket * 8 + choice]
     # as Triton's autotuner prunes: no more pipeline stages than shared memory holds (fp32 tiles are twice
     # the bytes of the bf16 ones the table was written for)
@@ -169,7 +192,7 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
     stages = min(row.num_stages, smem_bytes // stage)
     tile = GemmSchedule(parallel=row.parallel and chunk < k, block_m=row.block_m, block_n=row.block_n,
                         block_k=row.block_k, group_m=row.group_m, num_warps=row.num_warps, num_stages=stages,
-                        wgmma=row.wgmma, swap_ab=row.swap_ab)
+                        wgmma=row.wgmma, swap_ab=row.swap_ab, persistent=row.persistent)
     require(stages >= 1, "one stage of the tiles must fit in shared memory")
     require(chunk % CHUNK_ALIGN == 0 and chunk >= CHUNK_ALIGN, "a chunk is whole BLOCK_K blocks of every schedule")
     return {"chunk": chunk, "tile": tile}
