@@ -21,6 +21,7 @@ and `tile_fits`.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 try:
@@ -235,13 +236,11 @@ SM_SMEM_BYTES = 228 * 1024  # an sm_90 multiprocessor's shared memory (each CTA 
 _RESIDENT: dict = {}  # compiled configuration -> CTAs one multiprocessor holds at once
 
 
+@functools.lru_cache(maxsize=None)
 def _num_sms(device: Any) -> int:
     import torch
 
-    key = ("sms", device)
-    if key not in _RESIDENT:
-        _RESIDENT[key] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _RESIDENT[key]
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _resident_ctas(compiled: Any, num_warps: int) -> int:
