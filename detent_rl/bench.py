@@ -14,7 +14,8 @@ is an arm's time over stock's in this run. Cases:
   Poisson process at `--load` x stock's offline rate (the trace run all at once, as the paper sets its
   loads); a request's latency per output token = (finish - arrival) / its output tokens: p50/p90/p99.
 - `grpo`: the GRPO-shaped batch, 32 prompts x 8 samples, 200-token prompts, 256 new tokens, T = 1:
-  output tokens per second.
+  output tokens per second; and its phases: the time until every sequence has its first token (the
+  prefill), then ms per decode step.
 - `long`: batch 2, 12,000-token prompts: ms per decode step.
 - `gemm` (CUDA only): every linear site of the model against cuBLAS at M = 1 ... 8,192, CUDA-graph
   replays over rotating weight copies (read from HBM, as in a step, not from L2): the detent
@@ -26,6 +27,10 @@ is an arm's time over stock's in this run. Cases:
 The stock arm runs with our kernels' programmatic dependent launch on and off (`--stock-pdl`; its
 linears are cuBLAS's either way) and keeps the faster run per case.
 
+`--rounds R` runs the arms R times in turn in the one process; each ratio is then the median of the
+rounds' paired ratios (an arm over the same round's stock run), which a drift of the machine between
+rounds does not bias (`detent_rl/bench_report.py`).
+
 Writes `bench.md` (the tables), `bench.json` and `bench.png` (time over stock per case) to --out.
 `--quick` shrinks every case (a smoke test, e.g. on the CPU with `--model tiny`).
 """
@@ -35,6 +40,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -43,6 +49,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from detent_rl.bench_report import merge_rounds, plot, render, time_vs_stock
 from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.kernels.matmul import launch_params, linear, stock_linear
 from detent_rl.models.layers import Linear
@@ -147,12 +154,29 @@ class Bench:
                             self.device, 1)
 
     def grpo(self, prompts: int, samples: int, prompt: int, new: int) -> dict:
+        """Output tokens per second over the whole batch; and its two phases (the medians of the timed
+        runs): until every sequence has its first token (the prefill), then ms per decode step."""
         group = _prompts(prompts, prompt, self.vocab, seed=7)
         batch = [p for p in group for _ in range(samples)]
         params = [SamplingParams(seed=i, temperature=1.0, max_tokens=new) for i in range(len(batch))]
         engine = self._engine(len(batch), prompt + new, len(batch))  # the whole group batch at once
-        seconds = median_seconds(lambda: self._run(engine, batch, params), self.device, self.shapes.repeats)
-        return {"tok_per_s": len(batch) * new / seconds, "wall_s": seconds}
+        phases: list[tuple[float, float]] = []
+
+        def once() -> None:  # what generate() does, with one sync where the prefill ends
+            t0 = time.perf_counter()
+            prefilled(engine, batch, params)
+            t1, steps = time.perf_counter(), 0
+            while not engine.idle:
+                engine.step()
+                steps += 1
+            sync(self.device)
+            phases.append((t1 - t0, (time.perf_counter() - t1) / max(steps, 1)))
+
+        seconds = median_seconds(once, self.device, self.shapes.repeats)
+        timed = phases[1:]  # not the warm-up's
+        return {"tok_per_s": len(batch) * new / seconds, "wall_s": seconds,
+                "prefill_s": statistics.median(p for p, _ in timed),
+                "decode_ms_per_step": 1e3 * statistics.median(d for _, d in timed)}
 
     def gemm(self) -> list[dict]:
         """Each linear site against cuBLAS: CUDA-graph replays, µs per call (CUDA only)."""
@@ -272,65 +296,6 @@ def run(load: Callable[[str], CausalLM], cases: list[str], shapes: Shapes, load_
     return results
 
 
-MAIN_METRIC = {"decode-1": "ms_per_step", "decode-32": "ms_per_step", "poisson": "p50_ms", "long": "ms_per_step"}
-
-
-def time_vs_stock(case: str, r: dict, stock: dict) -> float:
-    """An arm's time over stock's on a case (throughput inverted for the GRPO batch)."""
-    if case == "grpo":
-        return stock["tok_per_s"] / r["tok_per_s"]
-    return r[MAIN_METRIC[case]] / stock[MAIN_METRIC[case]]
-
-
-def render(results: dict) -> str:
-    out = [f"device {results['device']}; copy bandwidth {results['copy_bandwidth_gbs']:.0f} GB/s (read + write); "
-           f"weights {results['weight_bytes'] / 1e9:.3f} GB", "",
-           "| case | arm | result | time vs stock |", "|---|---|---|---|"]
-    for case, arms in results["cases"].items():
-        if case == "gemm":
-            continue
-        for arm, r in arms.items():
-            if case == "grpo":
-                text = f"{r['tok_per_s']:,.0f} tok/s"
-            elif case == "poisson":
-                text = f"p50 {r['p50_ms']:.2f} / p90 {r['p90_ms']:.2f} / p99 {r['p99_ms']:.2f} ms per output token"
-            else:
-                text = f"{r['ms_per_step']:.3f} ms/step" + (f", {r['roofline_pct']:.0f} % of roofline"
-                                                            if "roofline_pct" in r else "")
-            label = f"{arm} (PDL {r['pdl']})" if arm == "stock" and "pdl" in r else arm
-            out.append(f"| {case} | {label} | {text} | {time_vs_stock(case, r, arms['stock']):.2f}x |")
-    gemm = results["cases"].get("gemm", {})
-    if gemm:
-        arms = [a for a in gemm if gemm[a].get("sites")]  # every arm but stock (cuBLAS is the column)
-        out += ["", "| site | M | cuBLAS µs | " + " | ".join(arms) + " |", "|---|---|---|" + "---|" * len(arms)]
-        by_arm = {a: {(r["site"], r["m"]): r for r in gemm[a]["sites"]} for a in arms}
-        for key, r in by_arm[arms[0]].items() if arms else ():
-            cells = [f"{by_arm[a][key]['ratio']:.2f}x (chunk {by_arm[a][key]['chunk']})" if key in by_arm[a] else "-"
-                     for a in arms]
-            out.append(f"| {r['site']} | {r['m']} | {r['cublas_us']:.1f} | " + " | ".join(cells) + " |")
-    return "\n".join(out)
-
-
-def plot(results: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    cases = [c for c in results["cases"] if c != "gemm" and results["cases"][c]]
-    fig, ax = plt.subplots(figsize=(1.6 * len(cases) + 2, 3.5))
-    arms = results.get("arms", ARMS)
-    width = 0.8 / len(arms)
-    for j, arm in enumerate(arms):
-        ratios = [time_vs_stock(c, results["cases"][c][arm], results["cases"][c]["stock"]) for c in cases]
-        ax.bar([i + j * width for i in range(len(cases))], ratios, width, label=arm)
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks([i + width for i in range(len(cases))], cases)
-    ax.set_ylabel("time vs stock (lower is faster)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m detent_rl.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2-0.5b", help="a built-in name or an HF checkpoint directory")
@@ -347,6 +312,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--load", type=float, default=0.5, help="poisson: arrival rate as a share of stock's offline rate")
     ap.add_argument("--max-num-tokens", type=int, default=8192,
                     help="every arm's deployment limit on tokens per forward (a tuned tuple names its own: match it)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the arms this many times in turn, each round loading them afresh; a ratio is then "
+                         "the median of the rounds' paired ratios (gemm runs in the first round only)")
     ap.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
     ap.add_argument("--out", required=True, help="folder for bench.md, bench.json, bench.png")
     args = ap.parse_args(argv)
@@ -363,6 +331,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.commitment and "tuned" not in asked:
         asked.append("tuned")
     arms = ("stock",) + tuple(a for a in known if a != "stock" and a in asked)
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: give 1 or more")
     if not 0 < args.load <= 1.5:
         ap.error(f"--load {args.load}: give a share of stock's offline rate in (0, 1.5]")
     shapes = QUICK if args.quick else Shapes()
@@ -380,7 +350,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     stock_pdl = tuple(p.strip() for p in args.stock_pdl.split(",") if p.strip())
     if not stock_pdl or [p for p in stock_pdl if p not in ("on", "off")]:
         ap.error(f"--stock-pdl {args.stock_pdl!r}: give on, off or on,off")
-    results = run(load, cases, shapes, args.load, arms=arms, stock_pdl=stock_pdl)
+    results = merge_rounds([run(load, cases if i == 0 else [c for c in cases if c != "gemm"], shapes, args.load,
+                                arms=arms, stock_pdl=stock_pdl) for i in range(args.rounds)])
     results.update(model=args.model, dtype=args.dtype, limits=limits, quick=args.quick,
                    commitment=commitment.sha256() if commitment else None)
     out = Path(args.out)

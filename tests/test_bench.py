@@ -32,6 +32,27 @@ def test_quick_bench_runs_every_arm_and_case(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
+def test_rounds_pair_each_ratio_with_its_own_stock_run(tmp_path):
+    assert main(["--model", "tiny", "--device", "cpu", "--dtype", "float32", "--quick", "--cases", "decode-1,grpo",
+                 "--arms", "stock,detent", "--stock-pdl", "on", "--rounds", "3", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert len(data["rounds"]) == 3 and len(data["stock_runs"]["grpo"]) == 3
+    for case, metric in (("decode-1", "ms_per_step"), ("grpo", "tok_per_s")):
+        stock = [r[case]["stock"][metric] for r in data["rounds"]]
+        ours = [r[case]["detent"][metric] for r in data["rounds"]]
+        paired = [s / o if case == "grpo" else o / s for s, o in zip(stock, ours)]
+        assert data["round_ratios"][case]["detent"] == pytest.approx(paired)
+        assert data["round_ratios"][case]["stock"] == [1.0, 1.0, 1.0]
+        # the arm's shown result is its median round's
+        assert data["cases"][case]["detent"][metric] == sorted(ours)[1]
+    grpo = data["cases"]["grpo"]["detent"]
+    assert grpo["prefill_s"] > 0 and grpo["decode_ms_per_step"] > 0 and grpo["prefill_s"] < grpo["wall_s"]
+    table = (tmp_path / "bench.md").read_text()
+    assert "median of 3 rounds" in table and "ms/step)" in table
+    median = sorted(data["round_ratios"]["grpo"]["detent"])[1]
+    assert f"| {median:.2f}x (" in table
+
+
 def test_arrivals_are_a_seeded_poisson_process_and_bad_arguments_are_refused(tmp_path, capsys):
     a = poisson_arrivals(2000, rate=4.0)
     assert a == sorted(a) and a == poisson_arrivals(2000, rate=4.0)
@@ -45,3 +66,6 @@ def test_arrivals_are_a_seeded_poisson_process_and_bad_arguments_are_refused(tmp
     with pytest.raises(SystemExit):
         main(["--load", "3", "--out", str(tmp_path)])
     assert "--load 3.0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--rounds", "0", "--out", str(tmp_path)])
+    assert "--rounds 0: give 1 or more" in capsys.readouterr().err

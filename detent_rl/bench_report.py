@@ -1,0 +1,114 @@
+"""The rollout benchmark's tables and plot (`python -m detent_rl.bench`), and its rounds folded into one result.
+
+With `--rounds R` every arm runs R times in turn (stock, detent, ..., stock, detent, ...), each round loading
+its models afresh. A case's ratio is then the median of the rounds' paired ratios (an arm's run over the
+same round's stock run), so a drift of the machine between rounds moves both sides of each ratio; the
+result shown per arm is its median round's. Every round's results stay in `rounds`.
+"""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+MAIN_METRIC = {"decode-1": "ms_per_step", "decode-32": "ms_per_step", "poisson": "p50_ms", "long": "ms_per_step"}
+
+
+def time_vs_stock(case: str, r: dict, stock: dict) -> float:
+    """An arm's time over stock's on a case (throughput inverted for the GRPO batch)."""
+    if case == "grpo":
+        return stock["tok_per_s"] / r["tok_per_s"]
+    return r[MAIN_METRIC[case]] / stock[MAIN_METRIC[case]]
+
+
+def ratio(results: dict, case: str, arm: str) -> float:
+    """The case's time vs stock: the median of the rounds' paired ratios where there were rounds."""
+    rounds = results.get("round_ratios", {}).get(case, {}).get(arm)
+    if rounds:
+        return statistics.median(rounds)
+    return time_vs_stock(case, results["cases"][case][arm], results["cases"][case]["stock"])
+
+
+def merge_rounds(rounds: list[dict]) -> dict:
+    """One result from several rounds of `run` (the first round's run also holds the gemm case, which
+    later rounds skip): per case and arm the median round's result, the paired ratios of every round,
+    and every round's results."""
+    results = dict(rounds[0])
+    if len(rounds) == 1:
+        return results
+    cases, ratios = {}, {}
+    for case, arms in rounds[0]["cases"].items():
+        if case == "gemm":
+            cases[case] = arms
+            continue
+        runs = {arm: [r["cases"][case][arm] for r in rounds] for arm in arms}
+        ratios[case] = {arm: [time_vs_stock(case, r["cases"][case][arm], r["cases"][case]["stock"]) for r in rounds]
+                        for arm in arms}
+        cases[case] = {arm: _median_run(case, rs) for arm, rs in runs.items()}
+    stock_runs: dict[str, list] = {}
+    for r in rounds:
+        for case, rs in r["stock_runs"].items():
+            stock_runs.setdefault(case, []).extend(rs)
+    results.update(cases=cases, round_ratios=ratios, stock_runs=stock_runs,
+                   rounds=[{c: a for c, a in r["cases"].items() if c != "gemm"} for r in rounds])
+    return results
+
+
+def _median_run(case: str, runs: list[dict]) -> dict:
+    if case == "grpo":
+        return sorted(runs, key=lambda r: -r["tok_per_s"])[len(runs) // 2]
+    return sorted(runs, key=lambda r: r[MAIN_METRIC[case]])[len(runs) // 2]
+
+
+def render(results: dict) -> str:
+    rounds = len(results.get("rounds", ())) or 1
+    head = "time vs stock" if rounds == 1 else f"time vs stock, median of {rounds} rounds (each round's)"
+    out = [f"device {results['device']}; copy bandwidth {results['copy_bandwidth_gbs']:.0f} GB/s (read + write); "
+           f"weights {results['weight_bytes'] / 1e9:.3f} GB", "",
+           f"| case | arm | result | {head} |", "|---|---|---|---|"]
+    for case, arms in results["cases"].items():
+        if case == "gemm":
+            continue
+        for arm, r in arms.items():
+            if case == "grpo":
+                text = f"{r['tok_per_s']:,.0f} tok/s" + (
+                    f" (prefill {1e3 * r['prefill_s']:.0f} ms, then {r['decode_ms_per_step']:.3f} ms/step)"
+                    if "prefill_s" in r else "")
+            elif case == "poisson":
+                text = f"p50 {r['p50_ms']:.2f} / p90 {r['p90_ms']:.2f} / p99 {r['p99_ms']:.2f} ms per output token"
+            else:
+                text = f"{r['ms_per_step']:.3f} ms/step" + (f", {r['roofline_pct']:.0f} % of roofline"
+                                                            if "roofline_pct" in r else "")
+            label = f"{arm} (PDL {r['pdl']})" if arm == "stock" and "pdl" in r else arm
+            each = results.get("round_ratios", {}).get(case, {}).get(arm)
+            spread = f" ({', '.join(f'{x:.2f}' for x in each)})" if each else ""
+            out.append(f"| {case} | {label} | {text} | {ratio(results, case, arm):.2f}x{spread} |")
+    gemm = results["cases"].get("gemm", {})
+    if gemm:
+        arms = [a for a in gemm if gemm[a].get("sites")]  # every arm but stock (cuBLAS is the column)
+        out += ["", "| site | M | cuBLAS µs | " + " | ".join(arms) + " |", "|---|---|---|" + "---|" * len(arms)]
+        by_arm = {a: {(r["site"], r["m"]): r for r in gemm[a]["sites"]} for a in arms}
+        for key, r in by_arm[arms[0]].items() if arms else ():
+            cells = [f"{by_arm[a][key]['ratio']:.2f}x (chunk {by_arm[a][key]['chunk']})" if key in by_arm[a] else "-"
+                     for a in arms]
+            out.append(f"| {r['site']} | {r['m']} | {r['cublas_us']:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cases = [c for c in results["cases"] if c != "gemm" and results["cases"][c]]
+    fig, ax = plt.subplots(figsize=(1.6 * len(cases) + 2, 3.5))
+    arms = results["arms"]
+    width = 0.8 / len(arms)
+    for j, arm in enumerate(arms):
+        ratios = [ratio(results, c, arm) for c in cases]
+        ax.bar([i + j * width for i in range(len(cases))], ratios, width, label=arm)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + width for i in range(len(cases))], cases)
+    ax.set_ylabel("time vs stock (lower is faster)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
