@@ -3,20 +3,20 @@
 Run on a CUDA machine from the repository root:
 
     python bench/decode_profile.py [--model qwen2-0.5b] [--batch 1,32] [--arms stock,detent] [--steps 64] \
-        [--pdl on,off]
+        [--pdl on,off] [--temperature 1] [--prompt-len 128]
 
 Each arm loads the same checkpoint (a built-in config's seeded random weights, or a directory),
-decodes `--batch` greedy requests from 128-token prompts with CUDA-graph decode, times the `--steps`
-decode steps after every request's first token (median of three runs after a warm-up that captures
-the graphs), and profiles them once more with the torch profiler (CUPTI reports each kernel a graph
-replay launches). Prints per arm and batch: wall ms per step,
-GPU kernel ms per step (kernels summed: the rest of the wall is host time and launch gaps), that
-rest split into gaps between a step's kernels (under 20 µs: inside the replayed graph, by kernel
-pair) and between steps (the host), and the kernels by time per step with their launches per step. Kernel names are shortened (Triton
-kernels keep their function name; cuBLAS/CUTLASS kernels their family). `--pdl on,off` runs each arm
-and batch with our kernels' programmatic dependent launch on and off (DETENT_PDL), in one process.
-With PDL a kernel may be resident while its predecessor drains, so kernel times can overlap: compare
-the wall times.
+decodes `--batch` greedy requests (seeded sampling with `--temperature T`) from `--prompt-len`-token
+prompts with CUDA-graph decode, times the `--steps` decode steps after every request's first token
+(median of three runs after a warm-up that captures the graphs), and profiles them once more with
+the torch profiler (CUPTI reports each kernel a graph replay launches). Prints per arm and batch:
+wall ms per step, GPU kernel ms per step (kernels summed: the rest of the wall is host time and
+launch gaps), that rest split into gaps between a step's kernels (under 20 µs: inside the replayed
+graph, by kernel pair) and between steps (the host), and the kernels by time per step with their
+launches per step. Kernel names are shortened (Triton kernels keep their function name;
+cuBLAS/CUTLASS kernels their family). `--pdl on,off` runs each arm and batch with our kernels'
+programmatic dependent launch on and off (DETENT_PDL), in one process. With PDL a kernel may be
+resident while its predecessor drains, so kernel times can overlap: compare the wall times.
 """
 from __future__ import annotations
 
@@ -41,11 +41,12 @@ def short(name: str) -> str:
     return name.split("(")[0][:60]
 
 
-def profile_decode(engine: Engine, prompts: list[list[int]], steps: int) -> tuple[float, float, dict, dict]:
+def profile_decode(engine: Engine, prompts: list[list[int]], steps: int,
+                   temperature: float = 0.0) -> tuple[float, float, dict, dict]:
     """(wall ms per step, GPU ms per step, {kernel: (launches per step, µs per step)}, gaps) over the
-    decode steps after every request's first token."""
+    decode steps after every request's first token (greedy, or seeded sampling at `temperature`)."""
     from torch.profiler import ProfilerActivity, profile
-    params = [SamplingParams(seed=i, temperature=0.0, max_tokens=steps + 1) for i in range(len(prompts))]
+    params = [SamplingParams(seed=i, temperature=temperature, max_tokens=steps + 1) for i in range(len(prompts))]
     walls = sorted(decode_step_seconds(engine, prompts, params) for _ in range(4))[1:]  # the first warms up
     wall_ms = 1e3 * walls[1]
     prefilled(engine, prompts, params)
@@ -98,6 +99,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else seeded sampling (the GRPO "
+                                                                     "batch samples at 1)")
     ap.add_argument("--pdl", default="on", help="comma-separated on/off: our kernels' programmatic dependent "
                                                "launch, one run each (DETENT_PDL)")
     ap.add_argument("--attention-split", default="", help="comma-separated KV split sizes to pin the detent arm's "
@@ -120,9 +123,10 @@ def main() -> None:
             g = torch.Generator().manual_seed(b)
             prompts = torch.randint(0, model.config.vocab_size, (b, args.prompt_len), generator=g).tolist()
             engine = Engine.for_requests(model, b, args.prompt_len + args.steps + 2, b)
-            wall, gpu, kernels, gaps = profile_decode(engine, prompts, args.steps)
+            wall, gpu, kernels, gaps = profile_decode(engine, prompts, args.steps, args.temperature)
             launches = sum(c for c, _ in kernels.values())
-            print(f"\n## {args.model}, arm {arm}, PDL {pdl}, batch {b}: {wall:.3f} ms/step wall, {gpu:.3f} ms/step GPU kernels "
+            print(f"\n## {args.model}, arm {arm}, PDL {pdl}, batch {b}, T {args.temperature:g}: {wall:.3f} ms/step "
+                  f"wall, {gpu:.3f} ms/step GPU kernels "
                   f"({launches:.0f} launches/step), {wall - gpu:.3f} ms/step host and gaps: between kernels of a "
                   f"step {gaps['in_graph_us'] / 1e3:.3f}, between steps {gaps['host_us'] / 1e3:.3f} (profiled run)\n")
             print("largest gaps inside a step (µs/step): " + "; ".join(f"{k} {v:.1f}" for k, v in gaps["pairs"]))

@@ -60,7 +60,7 @@ from detent_rl.timing import cold_copies, graph_seconds, median_seconds, sync
 
 ARMS = ("stock", "detent", "det", "corun")
 CASES = ("decode-1", "decode-32", "poisson", "grpo", "long", "gemm")
-GEMM_MS = (1, 8, 32, 128, 512, 2048, 8192)
+GEMM_MS = (1, 8, 32, 128, 256, 512, 2048, 8192)  # 256: the GRPO batch's decode
 
 
 @dataclass(frozen=True)
