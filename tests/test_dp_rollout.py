@@ -1,8 +1,11 @@
-"""Data-parallel rollout at the engine level (CPU): a batch dealt over 1, 2 or 4 engine replicas
+"""Data-parallel rollout at the engine level (CPU): a batch dealt over 1, 2 or 8 engine replicas
 (`workers.generate`, each prompt's group whole on one engine) gives every request the same tokens and
-logprobs in the detent arm. Control: in the stock arm, 1 and 4 replicas differ — a replica decodes a
-quarter of the rows, and the CPU's fp32 GEMM (the stock linear) rounds rows of a 24-row call other
-than those of a 6-row one at this width (K = 896: measured M-invariant below 12 rows, not above).
+logprobs in the detent arm. Control: in the stock arm, 1 and 8 replicas differ — a replica of the 8
+decodes one group's 3 rows, and the CPU's fp32 GEMM (the stock linear) rounds the rows of a 3-row call
+other than those of a 24-row one at this width (K = 896; the test checks that premise first). The
+arms run fp32 because that is where this CPU's BLAS reads M: on the AVX2 EPYC of 2026-12 a bf16 linear
+gave every row the same bits at every M, and fp32 split M <= 3 from M >= 6. (The earlier sessions'
+machine split bf16 rows at 12, which the 4-replica bf16 control of before relied on.)
 The whole loop with replicas, in-process and as Ray actors, is tests/test_train.py's."""
 from __future__ import annotations
 
@@ -26,12 +29,16 @@ def test_replicas_leave_each_request_its_bits_and_stock_does_not(tmp_path):
     request = GenerateRequest(prompts, params)
     section = RolloutSection(prompts_per_step=8, samples_per_prompt=3, max_new_tokens=6, max_num_seqs=32,
                              cuda_graphs="off")
+    # the control's premise, this machine's: the stock linear rounds a 3-row call's rows otherwise than a 24-row one's
+    w, x = torch.randn(1152, 896, generator=g), torch.randn(24, 896, generator=g)
+    assert not torch.equal(torch.nn.functional.linear(x[:3], w), torch.nn.functional.linear(x, w)[:3]), \
+        "this CPU's fp32 GEMM does not read M at 3 rows: the stock control below cannot fail here"
     runs = {}
     for arm in ("detent", "stock"):
-        spec = ModelSpec(str(path), arm, "cpu", "bfloat16", max_context=64, max_batch=32, max_num_tokens=512)
-        for n in (1, 2, 4):
+        spec = ModelSpec(str(path), arm, "cpu", "float32", max_context=64, max_batch=32, max_num_tokens=512)
+        for n in (1, 2, 8):
             outs = generate(WorkerGroup(RolloutWorker, spec, section, size=n), request, group_size=3)
             runs[arm, n] = [(o.tokens, o.logprobs) for o in outs]
     assert all(t[:len(p)] == p for (t, _), p in zip(runs["detent", 1], prompts))  # back in request order
-    assert runs["detent", 2] == runs["detent", 1] and runs["detent", 4] == runs["detent", 1]
-    assert runs["stock", 4] != runs["stock", 1], "control: the stock rollout's bits should follow the split"
+    assert runs["detent", 2] == runs["detent", 1] and runs["detent", 8] == runs["detent", 1]
+    assert runs["stock", 8] != runs["stock", 1], "control: the stock rollout's bits should follow the split"
