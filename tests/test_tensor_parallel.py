@@ -9,11 +9,13 @@ two ranks whose engine and trainer agree bit for bit.
   request's tokens and logprobs are the same alone and in a batch; the trainer's rescoring of the
   rollout (one prefill of every sequence, `completion_logprobs`) and the grad-enabled forwards of two
   GRPO steps give the rollout's logprobs bit for bit; the ranks keep equal losses, gradient norms and
-  replicated weights, and a checkpoint restores exactly. Control: the stock arm misses the bits (its
-  CPU GEMM rounds a one-row decode step's rows differently from a prefill's; at two ranks every
-  all-reduce algorithm adds two values once, so agrees). The TP model's logits match transformers'
-  within bf16 tolerance and its gradient norm one rank's; its bits differ from one rank's
-  (row-parallel partials are rounded before the sum), and the test measures by how much.
+  replicated weights, and a checkpoint restores exactly. Control: the stock arm misses the bits in one
+  of those checks (its CPU GEMM rounds a one-row decode step's rows differently from a batch's or a
+  prefill's; at two ranks every all-reduce algorithm adds two values once, so agrees). The stock arm
+  runs fp32 on the CPU: on the AVX2 EPYC of 2026-12 a bf16 linear reads no M (tests/test_dp_rollout.py).
+  The TP model's logits match transformers' within bf16 tolerance and its gradient norm one rank's; its
+  bits differ from one rank's (row-parallel partials are rounded before the sum), and the test measures
+  by how much.
 """
 from __future__ import annotations
 
@@ -118,7 +120,8 @@ def _prompts() -> list[list[int]]:
     return [torch.randint(0, 300, (int(n),), generator=g).tolist() for n in torch.randint(5, 21, (6,), generator=g)]
 
 
-def _model_rank(rank: int, world: int, port: int, path: str, arm: str, out: str, device: str = "cpu") -> None:
+def _model_rank(rank: int, world: int, port: int, path: str, arm: str, out: str, device: str = "cpu",
+                dtype_name: str = "bfloat16") -> None:
     import torch.distributed as dist
     from detent_rl.kernels.selections import KernelSelections
     from detent_rl.models import ModelConfig, deployment_for, load_model
@@ -129,9 +132,9 @@ def _model_rank(rank: int, world: int, port: int, path: str, arm: str, out: str,
     _init(rank, world, port, device)
     tp = TensorParallel.from_group()
     config = ModelConfig.from_file(Path(path))
-    selections = KernelSelections(deployment_for(config, torch.bfloat16, tp_size=world, **LIMITS), arm)
-    model = load_model(path, selections, device=f"cuda:{rank}" if device == "cuda" else "cpu",
-                       dtype=torch.bfloat16, tp=tp)
+    dtype = getattr(torch, dtype_name)
+    selections = KernelSelections(deployment_for(config, dtype, tp_size=world, **LIMITS), arm)
+    model = load_model(path, selections, device=f"cuda:{rank}" if device == "cuda" else "cpu", dtype=dtype, tp=tp)
     prompts = _prompts()
     params = [SamplingParams(seed=i, temperature=1.0, max_tokens=6) for i in range(len(prompts))]
     engine = Engine(model, num_blocks=64, cuda_graphs=device == "cuda")  # graphs capture the collectives
@@ -213,7 +216,11 @@ def test_a_two_rank_model_samples_and_rescores_the_same_bits(tmp_path, arm):
     from detent_rl.models.runner import completion_logprobs
     hf = hf_model("qwen2", **WIDE)
     path = save(hf, tmp_path / "wide")
-    _spawn(_model_rank, 2, str(path), arm, str(tmp_path))
+    if arm == "stock":  # the control's premise, this CPU's: its fp32 GEMM rounds a one-row call's row otherwise
+        w, x = torch.randn(1152, 896), torch.randn(6, 896)  # than a 6-row call's (its bf16 GEMM reads no M here)
+        assert not torch.equal(torch.nn.functional.linear(x[:1], w), torch.nn.functional.linear(x, w)[:1]), \
+            "this CPU's fp32 GEMM does not read M: the stock control below cannot fail here"
+    _spawn(_model_rank, 2, str(path), arm, str(tmp_path), "cpu", "bfloat16" if arm == "detent" else "float32")
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert reports[0]["tokens"] == reports[1]["tokens"], "the ranks sampled different tokens"
     assert reports[0]["rescored"] == reports[1]["rescored"]
@@ -254,9 +261,9 @@ def test_a_two_rank_model_samples_and_rescores_the_same_bits(tmp_path, arm):
               f"loss {r['losses'][0]:.6g} vs {stats.loss:.6g}")
         assert r["grad_norms"][0] == pytest.approx(stats.grad_norm, rel=2e-2)
         assert r["losses"][0] == pytest.approx(stats.loss, rel=2e-2, abs=1e-3)
-    else:
-        assert not all(r["rescored_equal"]), "control: the stock arm's rescoring should miss the rollout's bits"
-        assert not all(x for step in r["train_equal"] for x in step)
+    else:  # the same checks: a request alone and batched, the rollout rescored, the trainer's forwards
+        flags = [*r["alone_equal"], *r["rescored_equal"], *(x for step in r["train_equal"] for x in step)]
+        assert not all(flags), "control: the stock arm should miss the rollout's bits somewhere"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """The trainer under DeepSpeed ZeRO-2 on two CPU ranks (gloo): the forward of every micro-batch, on
 whichever rank it is dealt to, gives the rollout's logprobs bit for bit, on two consecutive steps
 (the second after the engine took the updated weights); the ranks hold equal weights after each
-step; a ZeRO checkpoint restores a step exactly. Control: in the stock arm the same check fails (its
-CPU GEMM rounds a trainer micro-batch's rows other than the rollout's one-row decode steps at this
-width, as tests/test_dp_rollout.py's replicas show)."""
+step; a ZeRO checkpoint restores a step exactly. The engine decodes at most 3 sequences a step. Control:
+in the stock arm the same check fails (its CPU GEMM rounds a trainer micro-batch's rows other than the
+rollout's decode steps of 2-3 rows at this width, as tests/test_dp_rollout.py's replicas show). The
+stock arm runs fp32: on the AVX2 EPYC of 2026-12 a bf16 linear reads no M, and an fp32 one splits
+M <= 3 from M >= 4 (the test checks that premise first)."""
 from __future__ import annotations
 
 import json
@@ -52,8 +54,9 @@ def _rank(rank: int, world: int, path: str, arm: str, out: str, port: int) -> No
     from detent_rl.trainer.zero import ZeroTrainer
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     limits = dict(max_context=64, max_batch=16, max_num_tokens=256)
-    engine = Engine(load_model(path, arm, dtype=torch.bfloat16, **limits), num_blocks=64)
-    trainer = ZeroTrainer(load_model(path, arm, dtype=torch.bfloat16, **limits),
+    dtype = torch.bfloat16 if arm == "detent" else torch.float32  # (the control's dtype: the docstring says why)
+    engine = Engine(load_model(path, arm, dtype=dtype, **limits), num_blocks=64, max_num_seqs=3)
+    trainer = ZeroTrainer(load_model(path, arm, dtype=dtype, **limits),
                           TrainSection(lr=1e-3, micro_batch_size=2, grad_clip=1.0))
     report: dict = {"equal": [], "digests": [], "grad_norms": [], "losses": []}
     batches = []
@@ -87,6 +90,10 @@ def _free_port() -> int:
 @pytest.mark.parametrize("arm", ["detent", "stock"])
 def test_zero2_on_two_ranks_keeps_the_rollouts_bits_and_restores_exactly(tmp_path, arm):
     import torch.multiprocessing as mp
+    if arm == "stock":
+        w, x = torch.randn(1152, 896), torch.randn(8, 896)
+        assert not torch.equal(torch.nn.functional.linear(x[:3], w), torch.nn.functional.linear(x, w)[:3]), \
+            "this CPU's fp32 GEMM does not read M at 3 rows: the stock control below cannot fail here"
     path = save(hf_model("qwen2", **WIDE), tmp_path / "wide")
     mp.spawn(_rank, args=(2, str(path), arm, str(tmp_path), _free_port()), nprocs=2, join=True)
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
