@@ -162,17 +162,8 @@ class Bench:
         engine = self._engine(len(batch), prompt + new, len(batch))  # the whole group batch at once
         phases: list[tuple[float, float]] = []
 
-        def once() -> None:  # what generate() does, with one sync where the prefill ends
-            t0 = time.perf_counter()
-            prefilled(engine, batch, params)
-            t1, steps = time.perf_counter(), 0
-            while not engine.idle:
-                engine.step()
-                steps += 1
-            sync(self.device)
-            phases.append((t1 - t0, (time.perf_counter() - t1) / max(steps, 1)))
-
-        seconds = median_seconds(once, self.device, self.shapes.repeats)
+        seconds = median_seconds(lambda: phases.append(phase_seconds(engine, batch, params)), self.device,
+                                 self.shapes.repeats)
         timed = phases[1:]  # not the warm-up's
         return {"tok_per_s": len(batch) * new / seconds, "wall_s": seconds,
                 "prefill_s": statistics.median(p for p, _ in timed),
@@ -210,15 +201,22 @@ def prefilled(engine: Engine, prompts: list[list[int]], params: list[SamplingPar
     sync(engine.model.device)
 
 
-def decode_step_seconds(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> float:
-    """Seconds per engine step once every request has its first token (the prefill steps left out)."""
+def phase_seconds(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[float, float]:
+    """(seconds until every request has its first token, seconds per engine step after that): what
+    generate() does, with one sync where the prefill ends."""
+    t0 = time.perf_counter()
     prefilled(engine, prompts, params)
-    t0, steps = time.perf_counter(), 0
+    t1, steps = time.perf_counter(), 0
     while not engine.idle:
         engine.step()
         steps += 1
     sync(engine.model.device)
-    return (time.perf_counter() - t0) / max(steps, 1)
+    return t1 - t0, (time.perf_counter() - t1) / max(steps, 1)
+
+
+def decode_step_seconds(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> float:
+    """Seconds per engine step once every request has its first token (the prefill steps left out)."""
+    return phase_seconds(engine, prompts, params)[1]
 
 
 def trace_of(shapes: Shapes, vocab: int) -> list[tuple[list[int], SamplingParams]]:

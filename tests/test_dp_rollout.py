@@ -17,6 +17,16 @@ from detent_rl.rollout.sequence import SamplingParams
 from detent_rl.workers import GenerateRequest, ModelSpec, RolloutWorker, generate
 from test_models import hf_model, save
 
+
+def assert_cpu_gemm_reads_m(rows: int, batch: int) -> None:
+    """The CPU stock controls' premise, checked on the machine they run on: the stock linear (fp32, K = 896)
+    rounds the rows of a `rows`-row call otherwise than the same rows inside a `batch`-row call."""
+    g = torch.Generator().manual_seed(1)
+    w, x = torch.randn(1152, 896, generator=g), torch.randn(batch, 896, generator=g)
+    assert not torch.equal(torch.nn.functional.linear(x[:rows], w), torch.nn.functional.linear(x, w)[:rows]), \
+        f"this CPU's fp32 GEMM does not read M at {rows} rows: the stock control cannot fail here"
+
+
 WIDE = dict(hidden_size=896, intermediate_size=1024, num_hidden_layers=1, num_attention_heads=14,
             num_key_value_heads=2)
 
@@ -29,10 +39,7 @@ def test_replicas_leave_each_request_its_bits_and_stock_does_not(tmp_path):
     request = GenerateRequest(prompts, params)
     section = RolloutSection(prompts_per_step=8, samples_per_prompt=3, max_new_tokens=6, max_num_seqs=32,
                              cuda_graphs="off")
-    # the control's premise, this machine's: the stock linear rounds a 3-row call's rows otherwise than a 24-row one's
-    w, x = torch.randn(1152, 896, generator=g), torch.randn(24, 896, generator=g)
-    assert not torch.equal(torch.nn.functional.linear(x[:3], w), torch.nn.functional.linear(x, w)[:3]), \
-        "this CPU's fp32 GEMM does not read M at 3 rows: the stock control below cannot fail here"
+    assert_cpu_gemm_reads_m(3, 24)
     runs = {}
     for arm in ("detent", "stock"):
         spec = ModelSpec(str(path), arm, "cpu", "float32", max_context=64, max_batch=32, max_num_tokens=512)

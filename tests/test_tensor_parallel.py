@@ -28,7 +28,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from test_dp_rollout import WIDE
+from test_dp_rollout import WIDE, assert_cpu_gemm_reads_m
 from test_models import hf_model, save
 
 
@@ -216,10 +216,8 @@ def test_a_two_rank_model_samples_and_rescores_the_same_bits(tmp_path, arm):
     from detent_rl.models.runner import completion_logprobs
     hf = hf_model("qwen2", **WIDE)
     path = save(hf, tmp_path / "wide")
-    if arm == "stock":  # the control's premise, this CPU's: its fp32 GEMM rounds a one-row call's row otherwise
-        w, x = torch.randn(1152, 896), torch.randn(6, 896)  # than a 6-row call's (its bf16 GEMM reads no M here)
-        assert not torch.equal(torch.nn.functional.linear(x[:1], w), torch.nn.functional.linear(x, w)[:1]), \
-            "this CPU's fp32 GEMM does not read M: the stock control below cannot fail here"
+    if arm == "stock":
+        assert_cpu_gemm_reads_m(1, 6)
     _spawn(_model_rank, 2, str(path), arm, str(tmp_path), "cpu", "bfloat16" if arm == "detent" else "float32")
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert reports[0]["tokens"] == reports[1]["tokens"], "the ranks sampled different tokens"

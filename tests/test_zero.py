@@ -17,7 +17,7 @@ import torch
 
 pytest.importorskip("deepspeed", reason="the ZeRO trainer needs DeepSpeed (pip install -e '.[zero]')")
 
-from test_dp_rollout import WIDE  # noqa: E402
+from test_dp_rollout import WIDE, assert_cpu_gemm_reads_m  # noqa: E402
 from test_models import hf_model, save  # noqa: E402
 
 
@@ -91,9 +91,7 @@ def _free_port() -> int:
 def test_zero2_on_two_ranks_keeps_the_rollouts_bits_and_restores_exactly(tmp_path, arm):
     import torch.multiprocessing as mp
     if arm == "stock":
-        w, x = torch.randn(1152, 896), torch.randn(8, 896)
-        assert not torch.equal(torch.nn.functional.linear(x[:3], w), torch.nn.functional.linear(x, w)[:3]), \
-            "this CPU's fp32 GEMM does not read M at 3 rows: the stock control below cannot fail here"
+        assert_cpu_gemm_reads_m(3, 8)
     path = save(hf_model("qwen2", **WIDE), tmp_path / "wide")
     mp.spawn(_rank, args=(2, str(path), arm, str(tmp_path), _free_port()), nprocs=2, join=True)
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
