@@ -21,10 +21,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def _session_cache_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("selir-cache"))
+
+
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    """Every test gets its own JIT-cache directory so tests never see each other's solves."""
-    monkeypatch.setenv("DETENT_CACHE_DIR", str(tmp_path / "selir-cache"))
+def _session_cache(_session_cache_dir, monkeypatch):
+    """One JIT-cache directory for the whole run (the subprocesses tests start inherit it), as a user's
+    ~/.cache is: a site's program is solved once a run, not once a test (a matmul site's solve takes
+    ~8 s on the CI machine; re-solving in every test made up most of the suite's time). Entries are
+    keyed by the program, its facts and SelIR's source, written atomically and checksummed, so a test
+    can only read the solve it would have made. Tests of the cache itself use their own directories."""
+    monkeypatch.setenv("DETENT_CACHE_DIR", _session_cache_dir)
     monkeypatch.delenv("DETENT_CACHE_DISABLE", raising=False)
 
 

@@ -12,7 +12,6 @@ import torch
 from detent_rl.kernels.matmul import launch_params, linear, linear_ref
 from detent_rl.kernels.programs.matmul import matmul_program
 from detent_rl.kernels.selections import Deployment
-from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import solve
 from interpreted import run_interpreted
 
@@ -28,7 +27,7 @@ QWEN2_05B = Deployment(num_heads=14, num_kv_heads=2, head_dim=64, hidden=896, vo
 def _selectors(n: int, k: int, dtype_bytes: int = 2):
     """(stock, detent) selectors of the matmul site (n, k), for operands of `dtype_bytes` bytes."""
     deployment = dataclasses.replace(QWEN2_05B, dtype_bytes=dtype_bytes)
-    sol = solve(matmul_program, deployment.facts("matmul", {"n": n, "k": k}), cache=JITCache(enabled=False))
+    sol = solve(matmul_program, deployment.facts("matmul", {"n": n, "k": k}))
     return sol.stock(), sol.commit()
 
 
@@ -197,14 +196,13 @@ def test_the_schedule_follows_m_and_the_site_while_the_partition_stays():
     assert tile(gate_up, 128) == ring4 != small  # 304 tiles: a ring of 4
     assert tile(gate_up, 256)[:3] == (64, 128, False)  # 608 tiles: the Triton 64 x 128 tile
     assert tile(gate_up, 257) == deep_p and tile(gate_up, 512) == deep_p and tile(gate_up, 2048) == wide
-    solution = solve(matmul_program, QWEN2_05B.facts("matmul", {"n": 151936, "k": 896}), cache=JITCache(enabled=False))
+    solution = solve(matmul_program, QWEN2_05B.facts("matmul", {"n": 151936, "k": 896}))
     head, head_one = solution.commit(), solution.commit(knobs={"schedule_by_m": False})
     assert [tile(head, m)[2] for m in (1, 64)] == [False, False]
     assert all(tile(head, m) == wide for m in (65, 256, 4096))
     assert not any(tile(head_one, m)[2] for m in (1, 65, 4096))  # one schedule for every M: the Triton one
     _, down = _selectors(896, 4864)
-    cut = solve(matmul_program, QWEN2_05B.facts("matmul", {"n": 896, "k": 4864}),
-                cache=JITCache(enabled=False)).commit(pins={"chunk": 640})
+    cut = solve(matmul_program, QWEN2_05B.facts("matmul", {"n": 896, "k": 4864})).commit(pins={"chunk": 640})
     big = row(TILE_CHOICES[2048][WGMMA_CHOICE])
     assert tile(cut, 513) == big and tile(cut, 8192) == big
     assert not any(cut(m).tile_wgmma for m in (1, 64, 512))  # a cut K below M 513: the parallel chunks

@@ -8,7 +8,6 @@ import sys
 import pytest
 
 from detent_rl.kernels.programs import allreduce, attention, matmul, moe
-from detent_rl.selir.cache import JITCache
 from detent_rl.selir.parse import parse_program
 from detent_rl.selir.solver import analyze, solve
 
@@ -33,7 +32,7 @@ def _valid(call, args):
 
 @pytest.mark.parametrize("mod", MODULES, ids=lambda m: m.PROGRAM.name)
 def test_committed_is_invariant_and_stock_is_not(mod):
-    sol = solve(mod.PROGRAM, mod.REFERENCE_FACTS, cache=JITCache(enabled=False))
+    sol = solve(mod.PROGRAM, mod.REFERENCE_FACTS)
     assert sol.stats["pins"], "every family here has batch-dependent selection points"
     committed, stock = sol.commit(), sol.stock()
     rng = random.Random(0)
@@ -60,7 +59,7 @@ def test_moe_cut_is_the_row_key():
 
 
 def test_matmul_cut_is_the_k_partition_and_the_schedule_follows_m():
-    sol = solve(matmul.matmul_program, matmul.REFERENCE_FACTS, cache=JITCache(enabled=False))
+    sol = solve(matmul.matmul_program, matmul.REFERENCE_FACTS)
     assert sol.stats["pins"] == ("chunk",)
     assert set(sol.stats["schedule_points"]) == {f"tile.{f}" for f in ("parallel", "block_m", "block_n", "block_k",
                                                                         "group_m", "num_warps", "num_stages", "wgmma",
@@ -73,7 +72,7 @@ def test_matmul_cut_is_the_k_partition_and_the_schedule_follows_m():
     # the same program without the schedule declaration: the tile is a selection point like any other,
     # so the cut must also block M's way into it, and a pinned selector runs one tile for every M
     undeclared = parse_program(matmul.matmul_program.fn, name="matmul_undeclared")
-    bare = solve(undeclared, matmul.REFERENCE_FACTS, cache=JITCache(enabled=False))
+    bare = solve(undeclared, matmul.REFERENCE_FACTS)
     pins = bare.stats["pins"]
     assert len(pins) == 2 and "chunk" in pins and any(p.startswith("bucket") for p in pins)  # the tile row's key
     one = bare.commit()
@@ -90,7 +89,7 @@ def test_constant_folding_alone_needs_more_pins_on_attention():
 
 
 def test_attention_stride_knob_makes_split_boundaries_fixed():
-    sol = solve(attention.attention_program, attention.REFERENCE_FACTS, cache=JITCache(enabled=False))
+    sol = solve(attention.attention_program, attention.REFERENCE_FACTS)
     stock = sol.stock({"split_stride": 1024})
     sizes = {stock(b, 1, b, k).split_size for b in (1, 8, 64, 256) for k in (100, 1000, 4000)}
     assert sizes == {1024}
@@ -99,7 +98,7 @@ def test_attention_stride_knob_makes_split_boundaries_fixed():
 
 
 def test_allreduce_legality_follows_the_workspace():
-    sol = solve(allreduce.allreduce_program, allreduce.REFERENCE_FACTS, cache=JITCache(enabled=False))
+    sol = solve(allreduce.allreduce_program, allreduce.REFERENCE_FACTS)
     legal = [dict(zip(sol.axes, a)) for a in sol.legal]
     assert all(not a["use_graph_buffers"] for a in legal), "graph buffers cannot serve eager calls"
     assert not any(a["algorithm"] == "one_shot_push" for a in legal), "messages outgrow the push slot"
