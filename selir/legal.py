@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from detent_rl.selir.cases import CaseJudge
 from detent_rl.selir.codegen import lit
 from detent_rl.selir.errors import SelIRError
 from detent_rl.selir.graph import Node
@@ -95,20 +96,30 @@ def judge(g: Any, pins: dict[str, Node], knobs: dict[str, tuple], domains: dict,
             raise SelIRError(f"conditions {[conds[i].describe() for i in idx]} read {gaxes}, whose "
                              f"{size} joint candidates exceed the limit {MAX_ASSIGNMENTS}; state "
                              "tighter assumes or split the condition")
-        params = tuple(f"_a{j}" for j in range(len(gaxes)))
-        pinned = {pins[a].id: p for a, p in zip(gaxes, params) if a in pins}
-        kn = {a: p for a, p in zip(gaxes, params) if a in knobs}
-        kn.update({k: lit(v[1]) for k, v in knobs.items() if k not in kn})
-        check = compile_probe([conds[i].value for i in idx], pinned, kn, pts.names, params, "check")
-        table = {}
-        for combo in itertools.product(*(cands[a] for a in gaxes)):
-            r = check(*combo, pts.rows)
-            if r is not None:
-                table[combo] = (idx[r[0]], pts.rows[r[1]])
+        case_judge = CaseJudge([conds[i].value for i in idx], gaxes, {pins[a].id: a for a in gaxes if a in pins},
+                               {k: v[1] for k, v in knobs.items() if k not in gaxes}, pts.names)
+        table = case_judge.table(pts.rows, cands, idx, lambda: plain_table(conds, idx, gaxes, pins, knobs, cands, pts))
         tables.append(([axes.index(a) for a in gaxes], table))
 
     v = Verdict(axes, cands, source, total, tables, pts, observed)
     return v
+
+
+def plain_table(conds: list, idx: list[int], gaxes: tuple, pins: dict[str, Node], knobs: dict[str, tuple],
+                cands: dict[str, tuple], pts: Points) -> dict:
+    """A group's rejections by the compiled check, run once per assignment over every point (the
+    reference `CaseJudge` must equal, and its fallback)."""
+    params = tuple(f"_a{j}" for j in range(len(gaxes)))
+    pinned = {pins[a].id: p for a, p in zip(gaxes, params) if a in pins}
+    kn = {a: p for a, p in zip(gaxes, params) if a in knobs}
+    kn.update({k: lit(v[1]) for k, v in knobs.items() if k not in kn})
+    check = compile_probe([conds[i].value for i in idx], pinned, kn, pts.names, params, "check")
+    table = {}
+    for combo in itertools.product(*(cands[a] for a in gaxes)):
+        r = check(*combo, pts.rows)
+        if r is not None:
+            table[combo] = (idx[r[0]], pts.rows[r[1]])
+    return table
 
 
 def why_illegal(groups: list, assignment: tuple) -> tuple | None:

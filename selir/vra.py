@@ -6,6 +6,8 @@ pins and knobs is legal iff every require/assume holds at every input point trie
 when the inputs' domains are small, a fixed seeded sample otherwise. Conditions are grouped by the
 pins and knobs they read, each group judged on the product of only its own axes, so the cost is a
 sum over groups rather than a product over all pins.
+Within a group each point is evaluated on demand and split into cases only on the pins and knobs
+it actually reads (`selir/cases.py`): the same verdicts, without running the whole product at every point.
 """
 from __future__ import annotations
 

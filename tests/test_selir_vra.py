@@ -4,10 +4,13 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from detent_rl.kernels.programs import allreduce, attention, matmul, moe
+from detent_rl.kernels.programs.sglang import custom_allreduce_v2, fa3, moe_config, triton_decode
 from detent_rl.selir.errors import SelIRError
+from detent_rl.selir import cases
 from detent_rl.selir.legal import enumerate_legal, judge
 from detent_rl.selir.solver import analyze, domains_of
 from detent_rl.selir.vra import value_set
@@ -50,6 +53,33 @@ def test_vra_on_every_selection_program():
         assert len(legal) <= v.candidate_count
 
 
+def _tables(spec, g, pins, monkeypatch, plain: bool) -> list:
+    with monkeypatch.context() as m:
+        if plain:  # every group through the compiled check over the whole product
+            m.setattr(cases.CaseJudge, "table", lambda self, rows, cands, idx, fallback: fallback())
+        v = judge(g, pins, spec.knobs, domains_of(spec), spec.input_types, seed=0)
+    return [(pos, list(table.items())) for pos, table in v.groups]
+
+
+# the matmul program over 64 rows (exhaustive points; the product of its pin and tile knobs is 14,400), the
+# second with too little shared memory for fp32's wide tiles: 63,660 assignments rejected, by knob-dependent cases
+SMALL_MATMUL = dict(n=896, k=4864, max_m=64, num_sms=132, smem_bytes=232448, dtype_bytes=2)
+CASES = [(mod.PROGRAM, mod.REFERENCE_FACTS) for mod in (attention, moe, allreduce, custom_allreduce_v2,
+                                                          triton_decode, moe_config, fa3)]
+CASES += [(matmul.PROGRAM, SMALL_MATMUL), (matmul.PROGRAM, dict(SMALL_MATMUL, smem_bytes=40_000, dtype_bytes=4))]
+
+
+@pytest.mark.parametrize("program, facts", CASES, ids=[f"{p.name}-{i}" for i, (p, _) in enumerate(CASES)])
+def test_case_splits_reject_exactly_what_the_plain_check_rejects(monkeypatch, program, facts):
+    """The judge's case splitting gives the compiled check's tables: the same rejected assignments, each with
+    the same first failing point and condition, in the same order."""
+    spec, g, pins, _ = analyze(program, facts)
+    fast = _tables(spec, g, pins, monkeypatch, plain=False)
+    assert fast == _tables(spec, g, pins, monkeypatch, plain=True)
+    if facts.get("smem_bytes") == 40_000:
+        assert sum(len(t) for _, t in fast) > 60_000  # the case was one with rejections to get right
+
+
 def test_vra_rejects_with_witnesses_on_attention():
     spec, g, pins, _ = analyze(attention.attention_program, attention.REFERENCE_FACTS)
     v, legal = _check_verdict(spec, g, pins)
@@ -65,6 +95,9 @@ def test_vra_sound_on_random_programs(tmp_path, seed):
         _check_verdict(spec, g, pins)
     except SelIRError as e:
         assert "can never hold" in str(e) or "exceed the limit" in str(e) or "too many" in str(e), e
+        return
+    with pytest.MonkeyPatch.context() as m:  # case splits reject exactly what the compiled check rejects
+        assert _tables(spec, g, pins, m, plain=False) == _tables(spec, g, pins, m, plain=True)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=SUPPRESS)
