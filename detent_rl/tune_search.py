@@ -8,8 +8,11 @@ from collections import Counter
 from typing import Any, Callable, Optional
 
 from detent_rl.kernels.programs import attention as attention_program
+from detent_rl.selir.cases import TooManyCases
+from detent_rl.selir.errors import SelectionError
 
 EXHAUSTIVE = 8  # grids this small are measured whole
+CASES_PER_CANDIDATE = 4  # case trees past this many leaves a candidate cost more than compiling selectors
 BUDGET = 0.10  # larger grids: at most this share of the candidates is measured
 
 
@@ -122,6 +125,7 @@ def candidates(family: str, sol: Any, default: tuple, calls: Counter, facts: dic
     2. Assignments whose selections equal another's on every recorded call launch the same kernels:
        one of each such group is kept (the default stands for its own). Knobs that a pin makes dead
        (attention's split stride once the split is pinned) collapse here.
+    3. Assignments whose conditions a recorded call breaks are dropped (they would refuse that call).
     """
     axes, legal = sol.axes, sol.legal
     if family == "attention" and "split_size" in axes and "num_splits" in axes:
@@ -129,8 +133,21 @@ def candidates(family: str, sol: Any, default: tuple, calls: Counter, facts: dic
         fewest = lambda a: min(-(-facts["max_context"] // a[size]), attention_program.MAX_SPLITS)  # noqa: E731
         legal = [a for a in legal if a[count] == fewest(a) or a == default]
     args = sorted(calls)
+    try:  # a committed selector's values on every call, without compiling one
+        outcome = sol.outcomes(args, max_cases=CASES_PER_CANDIDATE * len(legal))
+    except TooManyCases:  # selections reading every axis at every call: one compiled selector a candidate
+        def outcome(a: tuple) -> list[tuple[tuple, bool]]:
+            selector = sol.commit(*sol.split(a))
+            seen = []
+            for x in args:
+                try:
+                    seen.append((selector(*x), True))
+                except SelectionError:
+                    seen.append((None, False))
+            return seen
     groups: dict[tuple, tuple] = {}
     for a in [default] + [a for a in legal if a != default]:
-        selector = sol.commit(*sol.split(a))
-        groups.setdefault(tuple(repr(selector(*x)) for x in args), a)
+        seen = outcome(a)
+        if a == default or all(ok for _, ok in seen):  # (one whose conditions a call breaks cannot run it)
+            groups.setdefault(tuple(repr(values) for values, _ in seen), a)
     return list(groups.values())

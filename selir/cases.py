@@ -28,6 +28,10 @@ PROBE_POINTS = 8  # points explored before deciding whether case splitting pays 
 MAX_LEAF_SHARE = 0.125  # ... it does while a point's cases average at most this share of the product
 
 
+class TooManyCases(Exception):
+    """A point's (or a set of points') case tree would pass the caller's limit."""
+
+
 class _Need(Exception):
     def __init__(self, axis: str) -> None:
         self.axis = axis
@@ -88,8 +92,7 @@ class CaseJudge:
             stack.pop()
         return memo[root.id]
 
-    def leaves(self, row: tuple, candidates: dict[str, tuple]) -> list[tuple[dict, Optional[int]]]:
-        """The point's cases: (partial assignment, index of the first failing root or None)."""
+    def _start(self, row: tuple) -> dict[int, Any]:
         memo: dict[int, Any] = {}
         for name, value in zip(self.input_names, row):
             for i in self.input_nodes.get(name, ()):
@@ -97,21 +100,45 @@ class CaseJudge:
         for name, value in self.knob_defaults.items():
             for i in self.knob_nodes.get(name, ()):
                 memo[i] = value
+        return memo
+
+    def _split(self, memo: dict, axis: str, value: Any) -> dict:
+        m = dict(memo)  # what was computed before the split holds in every case
+        for i in self.axis_nodes[axis]:
+            m[i] = value
+        return m
+
+    def leaves(self, row: tuple, candidates: dict[str, tuple]) -> list[tuple[dict, Optional[int]]]:
+        """The point's cases: (partial assignment, index of the first failing root or None)."""
         out: list[tuple[dict, Optional[int]]] = []
-        work = [(memo, {})]
+        work = [(self._start(row), {})]
         while work:
             memo, assigned = work.pop()
             try:
                 fail = next((k for k, r in enumerate(self.roots) if not self._eval(r, memo)), None)
             except _Need as need:
                 for v in reversed(candidates[need.axis]):
-                    m = dict(memo)
-                    for i in self.axis_nodes[need.axis]:
-                        m[i] = v
-                    work.append((m, {**assigned, need.axis: v}))
+                    work.append((self._split(memo, need.axis, v), {**assigned, need.axis: v}))
                 continue
             out.append((assigned, fail))
         return out
+
+    def tree(self, row: tuple, candidates: dict[str, tuple], max_leaves: Optional[int] = None) -> Any:
+        """Every root's value at the point, as a tree of cases: a leaf is the tuple of values, a split is
+        (axis, {candidate: subtree}); `lookup` finds an assignment's leaf. TooManyCases past `max_leaves`."""
+        count = 0
+
+        def explore(memo: dict) -> Any:
+            nonlocal count
+            try:
+                leaf = _Leaf(tuple(self._eval(r, memo) for r in self.roots))
+            except _Need as need:
+                return need.axis, {v: explore(self._split(memo, need.axis, v)) for v in candidates[need.axis]}
+            count += 1
+            if max_leaves is not None and count > max_leaves:
+                raise TooManyCases(f"a point splits into more than {max_leaves} cases")
+            return leaf
+        return explore(self._start(row))
 
     def table(self, rows: list[tuple], candidates: dict[str, tuple], cond_index: list[int],
               fallback: Callable[[], dict]) -> dict:
@@ -137,3 +164,22 @@ class CaseJudge:
                 covered.append(assigned)
         order = {a: {v: j for j, v in enumerate(candidates[a])} for a in self.axes}
         return {c: found[c] for c in sorted(found, key=lambda c: tuple(order[a][v] for a, v in zip(self.axes, c)))}
+
+
+class _Leaf(tuple):
+    pass
+
+
+def lookup(tree: Any, assignment: dict[str, Any]) -> tuple:
+    """The root values a `CaseJudge.tree` gives for a full assignment (axis -> value)."""
+    while not isinstance(tree, _Leaf):
+        axis, cases = tree
+        tree = cases[assignment[axis]]
+    return tuple(tree)
+
+
+def count_leaves(tree: Any) -> int:
+    """How many cases a `CaseJudge.tree` holds."""
+    if isinstance(tree, _Leaf):
+        return 1
+    return sum(count_leaves(t) for t in tree[1].values())

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+from detent_rl.selir.cases import CaseJudge, lookup, count_leaves as _count
 from detent_rl.selir.errors import SelectionError, SelIRError
 from detent_rl.selir.graph import Node
 from detent_rl.selir.legal import enumerate_legal, why_illegal
@@ -97,3 +98,29 @@ class Solution:
                 raise SelIRError(f"selection {self.program_name}: knob {k}={v!r} is not declared "
                                  f"or not one of its choices")
         return Selector(self, {}, knobs, "stock")
+
+    def outcomes(self, calls: list[tuple], max_cases: Optional[int] = None) -> Callable[[tuple], tuple]:
+        """For an assignment, per call (positional Runtime inputs): the selection points' values and whether
+        every condition holds there — what a selector committed to it would return (or refuse), found
+        without compiling one. Each call is split into cases on the pins and knobs it reads
+        (`selir/cases.py`), so the thousands of assignments a tuner compares cost lookups. Where the calls
+        split into more than `max_cases` cases in all (selections that read every axis), TooManyCases."""
+        outs = [self.outputs[p] for p in self.outputs]
+        cases = CaseJudge(outs + [c.value for c in self.conditions], self.axes,
+                          {n.id: name for name, n in self.pin_nodes.items()}, {}, self.params)
+        if any(len(x) != len(self.params) for x in calls):
+            raise ValueError(f"selection {self.program_name}: calls give {self.params} by position")
+        trees, left = [], max_cases
+        for x in calls:
+            trees.append(cases.tree(tuple(x), self.candidates, left))
+            if left is not None:
+                left -= _count(trees[-1])
+        bounds = [self.domains.get(p, (None, None, None)) for p in self.params]
+        inside = [all((values is None or v in values) and (lo is None or lo <= v <= hi)
+                      for v, (lo, hi, values) in zip(x, bounds)) for x in calls]
+
+        def outcome(assignment: tuple) -> tuple:
+            values = dict(zip(self.axes, assignment))
+            return tuple((v[:len(outs)], ok and all(v[len(outs):]))
+                         for v, ok in zip((lookup(t, values) for t in trees), inside))
+        return outcome

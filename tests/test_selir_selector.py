@@ -7,9 +7,10 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from detent_rl.kernels.programs import attention as attn_mod
+from detent_rl.kernels.programs import attention as attn_mod, matmul as matmul_mod
 from detent_rl.selir import SelectionError
 from detent_rl.selir.cache import JITCache
+from detent_rl.selir.cases import TooManyCases
 from detent_rl.selir.solver import solve
 
 FACTS = attn_mod.REFERENCE_FACTS
@@ -123,3 +124,29 @@ def test_source_has_a_provenance_header(sol):
     assert head[0].startswith("# detent_rl.selir compiled selector")
     assert "program: attention" in head[1] and f"ir: {sol.ir_hash}" in head[2]
     assert "pins: is_decode=" in head[4] and "knobs: split_stride=" in head[5]
+
+
+@pytest.mark.parametrize("module", [attn_mod, matmul_mod], ids=["attention", "matmul"])
+def test_outcomes_are_what_each_committed_selector_returns_or_refuses(module):
+    """`Solution.outcomes` (the tuner's grouping of thousands of assignments) gives, for every assignment and
+    call, the values a selector committed to that assignment returns, and fails where that selector raises."""
+    sol = solve(module.PROGRAM, module.REFERENCE_FACTS)
+    rng = random.Random(0)
+    calls = [tuple(rng.randint(sol.domains[p][0], sol.domains[p][1] if rng.random() < 0.3 else 300)
+                   for p in sol.params) for _ in range(12)]
+    calls += [tuple(1 for _ in sol.params), tuple(sol.domains[p][1] for p in sol.params)]
+    outcome = sol.outcomes(calls)
+    refused = 0
+    for a in [sol.default] + rng.sample(sol.legal, 150):
+        selector = sol.commit(*sol.split(a))
+        for x, (values, ok) in zip(calls, outcome(a)):
+            try:
+                want = selector(*x)
+            except SelectionError:
+                assert not ok, (a, x)
+                refused += 1
+                continue
+            assert ok and repr(values) == repr(tuple(want)), (a, x, values, want)
+    assert module is matmul_mod or refused, "the attention calls include some its assumes refuse"
+    with pytest.raises(TooManyCases):  # a call's values read pins and knobs: past one case a call, it stops
+        sol.outcomes(calls, max_cases=len(calls))
