@@ -25,7 +25,9 @@ from detent_rl.selir.graph import Node
 from detent_rl.selir.lower import reachable
 
 PROBE_POINTS = 8  # points explored before deciding whether case splitting pays for this group
-MAX_LEAF_SHARE = 0.125  # ... it does while a point's cases average at most this share of the product
+# ... it does while a point's cases average at most this share of the product: a case costs 4-35 us of
+# Python, an assignment at a point 0.06-1.2 us of the compiled check (attention's and matmul's groups)
+MAX_LEAF_SHARE = 1 / 64
 
 
 class TooManyCases(Exception):
@@ -108,8 +110,10 @@ class CaseJudge:
             m[i] = value
         return m
 
-    def leaves(self, row: tuple, candidates: dict[str, tuple]) -> list[tuple[dict, Optional[int]]]:
-        """The point's cases: (partial assignment, index of the first failing root or None)."""
+    def leaves(self, row: tuple, candidates: dict[str, tuple],
+               max_leaves: Optional[int] = None) -> list[tuple[dict, Optional[int]]]:
+        """The point's cases: (partial assignment, index of the first failing root or None); TooManyCases
+        past `max_leaves`."""
         out: list[tuple[dict, Optional[int]]] = []
         work = [(self._start(row), {})]
         while work:
@@ -121,6 +125,8 @@ class CaseJudge:
                     work.append((self._split(memo, need.axis, v), {**assigned, need.axis: v}))
                 continue
             out.append((assigned, fail))
+            if max_leaves is not None and len(out) > max_leaves:
+                raise TooManyCases(f"a point splits into more than {max_leaves} cases")
         return out
 
     def tree(self, row: tuple, candidates: dict[str, tuple], max_leaves: Optional[int] = None) -> Any:
@@ -149,11 +155,13 @@ class CaseJudge:
         found: dict[tuple, tuple] = {}
         covered: list[dict] = []  # failing cubes already recorded: every assignment in them is in `found`
         leaves = 0
+        budget = MAX_LEAF_SHARE * size * PROBE_POINTS  # the probe's cases, all told
         for i, row in enumerate(rows):
-            cases = self.leaves(row, candidates)
-            leaves += len(cases)
-            if i + 1 == PROBE_POINTS and leaves > MAX_LEAF_SHARE * size * PROBE_POINTS:
+            try:  # the probe stops as soon as its points pass the budget (a first point may split whole)
+                cases = self.leaves(row, candidates, budget - leaves if i < PROBE_POINTS else None)
+            except TooManyCases:
                 return fallback()
+            leaves += len(cases)
             for assigned, k in cases:
                 if k is None or any(c.items() <= assigned.items() for c in covered):
                     continue

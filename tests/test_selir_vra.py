@@ -57,6 +57,8 @@ def _tables(spec, g, pins, monkeypatch, plain: bool) -> list:
     with monkeypatch.context() as m:
         if plain:  # every group through the compiled check over the whole product
             m.setattr(cases.CaseJudge, "table", lambda self, rows, cands, idx, fallback: fallback())
+        else:  # every group through case splits, also where the judge would find the compiled check cheaper
+            m.setattr(cases, "MAX_LEAF_SHARE", float("inf"))
         v = judge(g, pins, spec.knobs, domains_of(spec), spec.input_types, seed=0)
     return [(pos, list(table.items())) for pos, table in v.groups]
 
@@ -78,6 +80,38 @@ def test_case_splits_reject_exactly_what_the_plain_check_rejects(monkeypatch, pr
     assert fast == _tables(spec, g, pins, monkeypatch, plain=True)
     if facts.get("smem_bytes") == 40_000:
         assert sum(len(t) for _, t in fast) > 60_000  # the case was one with rejections to get right
+
+
+@pytest.mark.parametrize("program, facts, split", [(matmul.PROGRAM, SMALL_MATMUL, True),
+                                                    (attention.PROGRAM, attention.REFERENCE_FACTS, False)],
+                         ids=["matmul", "attention"])
+def test_the_judge_splits_cases_only_where_they_are_few(monkeypatch, program, facts, split):
+    """Matmul's tile-knob group (14,400 assignments, ~20 cases a point) is judged by case splits; attention's
+    groups split every point into their whole product, so the probe gives up within its budget of cases and
+    the compiled check runs (probing the 8 points in full cost more than that check)."""
+    spec, g, pins, _ = analyze(program, facts)
+    counted = {"leaves": 0, "fallbacks": 0, "budget": 0.0}
+    real_leaves, real_table = cases.CaseJudge.leaves, cases.CaseJudge.table
+
+    def leaves(self, row, candidates, max_leaves=None):
+        out = real_leaves(self, row, candidates, max_leaves)  # (raises past max_leaves: not counted)
+        counted["leaves"] += len(out)
+        return out
+
+    def table(self, rows, candidates, idx, fallback):
+        counted["budget"] += cases.MAX_LEAF_SHARE * math.prod(len(candidates[a]) for a in self.axes) * cases.PROBE_POINTS
+
+        def counted_fallback():
+            counted["fallbacks"] += 1
+            return fallback()
+        return real_table(self, rows, candidates, idx, counted_fallback)
+    monkeypatch.setattr(cases.CaseJudge, "leaves", leaves)
+    monkeypatch.setattr(cases.CaseJudge, "table", table)
+    judge(g, pins, spec.knobs, domains_of(spec), spec.input_types, seed=0)
+    if split:
+        assert counted["leaves"] > 1000 and counted["fallbacks"] < len(g.conditions)
+    else:
+        assert counted["fallbacks"] >= 3 and counted["leaves"] <= counted["budget"]
 
 
 def test_vra_rejects_with_witnesses_on_attention():
