@@ -129,9 +129,10 @@ class CaseJudge:
                 raise TooManyCases(f"a point splits into more than {max_leaves} cases")
         return out
 
-    def tree(self, row: tuple, candidates: dict[str, tuple], max_leaves: Optional[int] = None) -> Any:
-        """Every root's value at the point, as a tree of cases: a leaf is the tuple of values, a split is
-        (axis, {candidate: subtree}); `lookup` finds an assignment's leaf. TooManyCases past `max_leaves`."""
+    def tree(self, row: tuple, candidates: dict[str, tuple], max_leaves: Optional[int] = None) -> tuple[Any, int]:
+        """Every root's value at the point, as a tree of cases, and how many cases it holds: a leaf is the
+        tuple of values, a split is (axis, {candidate: subtree}); `lookup` finds an assignment's leaf.
+        TooManyCases past `max_leaves`."""
         count = 0
 
         def explore(memo: dict) -> Any:
@@ -144,7 +145,7 @@ class CaseJudge:
             if max_leaves is not None and count > max_leaves:
                 raise TooManyCases(f"a point splits into more than {max_leaves} cases")
             return leaf
-        return explore(self._start(row))
+        return explore(self._start(row)), count
 
     def table(self, rows: list[tuple], candidates: dict[str, tuple], cond_index: list[int],
               fallback: Callable[[], dict]) -> dict:
@@ -184,10 +185,3 @@ def lookup(tree: Any, assignment: dict[str, Any]) -> tuple:
         axis, cases = tree
         tree = cases[assignment[axis]]
     return tuple(tree)
-
-
-def count_leaves(tree: Any) -> int:
-    """How many cases a `CaseJudge.tree` holds."""
-    if isinstance(tree, _Leaf):
-        return 1
-    return sum(count_leaves(t) for t in tree[1].values())

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from detent_rl.selir.cases import CaseJudge, lookup, count_leaves as _count
+from detent_rl.selir.cases import CaseJudge, lookup
 from detent_rl.selir.errors import SelectionError, SelIRError
 from detent_rl.selir.graph import Node
 from detent_rl.selir.legal import enumerate_legal, why_illegal
@@ -112,9 +112,10 @@ class Solution:
             raise ValueError(f"selection {self.program_name}: calls give {self.params} by position")
         trees, left = [], max_cases
         for x in calls:
-            trees.append(cases.tree(tuple(x), self.candidates, left))
+            tree, count = cases.tree(tuple(x), self.candidates, left)
+            trees.append(tree)
             if left is not None:
-                left -= _count(trees[-1])
+                left -= count
         bounds = [self.domains.get(p, (None, None, None)) for p in self.params]
         inside = [all((values is None or v in values) and (lo is None or lo <= v <= hi)
                       for v, (lo, hi, values) in zip(x, bounds)) for x in calls]

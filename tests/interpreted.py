@@ -17,5 +17,5 @@ def run_interpreted(code: str, timeout: int = 600) -> subprocess.CompletedProces
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-c", "import ordered_dot\n" + code], env=env, capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    return subprocess.run([sys.executable, "-c", "import ordered_dot\n" + code], env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
