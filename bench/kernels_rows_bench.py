@@ -2,13 +2,15 @@
 
 Run on a CUDA machine from the repository root:
 
-    python bench/kernels_rows_bench.py [--dtype bf16|fp32] [--rows 1,32,256,2048]
+    python bench/kernels_rows_bench.py [--dtype bf16|fp32] [--rows 1,32,256,2048] [--graphs]
 
 Prints one markdown table: per op and row count, the median time of the Triton kernel with the
 detent-pinned parameters, of the PyTorch equivalent (F.rms_norm where torch has it, else the HF
-formula; torch.log_softmax; F.silu * up; HF rotate_half; F.embedding; for the fused rotary + k/v
-cache store, our rotary then store_kv's index_put), and their ratio
-(> 1: Triton is slower). Times come from `triton.testing.do_bench` (CUDA events, L2 flushed).
+formula; torch.log_softmax; for the sampled token and its logprob, log_softmax, then argmax or an
+exponential race; F.silu * up; HF rotate_half; F.embedding; for the fused rotary + k/v cache store,
+our rotary then store_kv's index_put), and their ratio
+(> 1: Triton is slower). Times come from `triton.testing.do_bench` (CUDA events, L2 flushed), or with
+`--graphs` from `do_bench_cudagraph` (replays of a captured graph: the kernels' time without the host's).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from detent_rl.kernels.embedding import embedding
 from detent_rl.kernels.log_softmax import log_softmax, token_logprobs
 from detent_rl.kernels.rmsnorm import rmsnorm, rmsnorm_ref
 from detent_rl.kernels.rotary import apply_rotary, apply_rotary_ref, rope_cos_sin, rotary_store
+from detent_rl.kernels.sampling import sample_unfiltered
 from detent_rl.kernels.programs.rows import elementwise_program
 from detent_rl.kernels.programs.rows import log_softmax_program
 from detent_rl.kernels.programs.rows import rmsnorm_program
@@ -50,7 +53,17 @@ def _torch_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tenso
     return rmsnorm_ref(x, w, eps)
 
 
-def _ms(fn: Callable[[], object]) -> float:
+def _stock_sample(logits: torch.Tensor, t: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stock engine's sampled token and its logprob: log-softmax at T, then argmax (greedy) or an
+    exponential race over the probabilities (vLLM's and SGLang's draw)."""
+    lp = torch.log_softmax(logits.float() / (t or 1.0), dim=-1)
+    token = lp.argmax(-1) if t == 0 else (lp.exp() / torch.empty_like(lp).exponential_()).argmax(-1)
+    return token, lp.gather(1, token[:, None])
+
+
+def _ms(fn: Callable[[], object], graphs: bool = False) -> float:
+    if graphs:  # replayed from a CUDA graph, as the engine's decode step runs them: no host time per call
+        return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
@@ -79,6 +92,15 @@ def cases(rows: int, dtype: torch.dtype) -> list[tuple[str, Callable, Callable]]
     out.append((f"token_logprobs V={VOCAB}",
                 lambda c=cfg: token_logprobs(logits, ids, block=c.block, num_warps=c.num_warps),
                 lambda: torch.log_softmax(logits.float(), dim=-1).gather(1, ids[:, None])))
+    seeds = torch.randint(0, 1 << 62, (rows,), device=dev, generator=g)
+    positions = torch.randint(0, 4096, (rows,), device=dev, generator=g)
+    for t in (0.0, 1.0, 0.7):  # greedy rows draw no noise; T = 1 divides by nothing; 0.7: the whole path
+        temps = torch.full((rows,), t, device=dev)
+        out.append((f"sample T={t:g} + logprob V={VOCAB}",
+                    lambda c=cfg, temps=temps, t=t: sample_unfiltered(logits, seeds, positions, temps,
+                                                                      temperature=t or 1.0, block=c.block,
+                                                                      num_warps=c.num_warps),
+                    lambda t=t: _stock_sample(logits, t)))
     blk = _detent(elementwise_program, width=INTERMEDIATE)(rows).block
     gate_up = torch.randn(rows, 2 * INTERMEDIATE, device=dev, generator=g).to(dtype)
     out.append((f"silu_and_mul d={INTERMEDIATE}", lambda: silu_and_mul(gate_up, block=blk),
@@ -111,15 +133,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     ap.add_argument("--rows", default="1,32,256,2048")
+    ap.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of both sides (without it, "
+                                                          "small row counts time the host's launch path)")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "this benchmark needs a CUDA device"
     dtype = DTYPES[args.dtype]
-    print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | {args.dtype}\n")
+    print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | {args.dtype}"
+          + (" | CUDA-graph replays" if args.graphs else "") + "\n")
     print("| op | rows | triton (us) | torch (us) | triton / torch |")
     print("|---|---:|---:|---:|---:|")
     for rows in (int(r) for r in args.rows.split(",")):
         for label, ours, stock in cases(rows, dtype):
-            t_ours, t_stock = _ms(ours) * 1e3, _ms(stock) * 1e3
+            t_ours, t_stock = _ms(ours, args.graphs) * 1e3, _ms(stock, args.graphs) * 1e3
             print(f"| {label} | {rows} | {t_ours:.1f} | {t_stock:.1f} | {t_ours / t_stock:.2f} |", flush=True)
 
 

@@ -70,7 +70,7 @@ def _partials_kernel(x_ptr, n_cols, temperature, seeds_ptr, positions_ptr, temps
     if SAMPLE:
         t = tl.load(temps_ptr + row)
         greedy = t == 0.0
-        t = tl.where(greedy, 1.0, t)
+        unit = t == 1.0
         seed = tl.load(seeds_ptr + row)
         pos = tl.load(positions_ptr + row)
         state = mix_word(tl.full([], 0, tl.uint32), seed.to(tl.uint32))
@@ -97,10 +97,18 @@ def _partials_kernel(x_ptr, n_cols, temperature, seeds_ptr, positions_ptr, temps
             valid = inside
             if HAS_MASK:
                 valid = valid & (tl.load(mask_ptr + cols, mask=cols < mask_end, other=1) != 0)
-            h = fmix32(mix_word(state, cols.to(tl.uint32)) ^ 20)
-            u = (((h >> 9) << 1) | 1).to(tl.float32) * 5.9604644775390625e-08
-            g = -tl.log(-tl.log(u))
-            score = tl.where(greedy, raw, tl.math.div_rn(raw, t) + g)
+            # Branches on the row's temperature (uniform in the program) skip work whose result is known:
+            # a greedy row's score is its logit, so it draws no noise; at T = 1, x / T is x, bit for bit.
+            if greedy:
+                score = raw
+            else:
+                h = fmix32(mix_word(state, cols.to(tl.uint32)) ^ 20)
+                u = (((h >> 9) << 1) | 1).to(tl.float32) * 5.9604644775390625e-08
+                g = -tl.log(-tl.log(u))
+                if unit:
+                    score = raw + g
+                else:
+                    score = tl.math.div_rn(raw, t) + g
             # a lane keeps its first (smallest) id among equal scores; ids only grow along the loop
             take = valid & ((score > best) | (best_id < 0))
             best = tl.where(take, score, best)

@@ -335,11 +335,13 @@ _INTERPRETED = textwrap.dedent("""
         alone = _sample(*[a[5:6] for a in args], 64, 4, True)
         assert alone[0][0] == tri[0][5] and torch.equal(alone[1][0], tri[1][5])
         # the graph's sampler: the argmax and the logprob partials in one pass over 5 ranges of 64 ids
-        temps = torch.full_like(inp["temperature"], 0.7)
-        one = sample_unfiltered(inp["logits"], inp["seeds"], inp["positions"], temps, temperature=0.7, block=64)
-        ref = _sample(inp["logits"], inp["seeds"], inp["positions"], temps, torch.zeros_like(inp["top_k"]),
-                      torch.ones_like(inp["top_p"]), 64, 4, False)
-        assert torch.equal(one[0], ref[0]) and torch.equal(one[1], ref[1])
+        # (at 0.7 every row divides; at 1 the kernel skips the division, and its greedy rows the noise)
+        for t, temps in ((0.7, torch.full_like(inp["temperature"], 0.7)),
+                         (1.0, torch.tensor([0.0, 1.0]).repeat(6))):
+            one = sample_unfiltered(inp["logits"], inp["seeds"], inp["positions"], temps, temperature=t, block=64)
+            ref = _sample(inp["logits"], inp["seeds"], inp["positions"], temps, torch.zeros_like(inp["top_k"]),
+                          torch.ones_like(inp["top_p"]), 64, 4, False)
+            assert torch.equal(one[0], ref[0]) and torch.equal(one[1], ref[1])
     g = torch.Generator().manual_seed(0)
     probs = torch.softmax(torch.randn(9, 200, generator=g) * 2, 1).sort(1, descending=True).values
     # in-block scans differ in rounding (tl.cumsum vs Hillis-Steele): keep top_p off the tail's crumbs
