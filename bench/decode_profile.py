@@ -3,7 +3,8 @@
 Run on a CUDA machine from the repository root:
 
     python bench/decode_profile.py [--model qwen2-0.5b] [--batch 1,32] [--arms stock,detent] [--steps 64] \
-        [--pdl on,off] [--temperature 1] [--prompt-len 128]
+        [--pdl on,off] [--temperature 1] [--prompt-len 128] [--phase prefill] [--samples 8] \
+        [--host-top 20] [--commitment TUPLE.json]
 
 Each arm loads the same checkpoint (a built-in config's seeded random weights, or a directory),
 decodes `--batch` greedy requests (seeded sampling with `--temperature T`) from `--prompt-len`-token
@@ -17,6 +18,9 @@ launches per step. Kernel names are shortened (Triton kernels keep their functio
 cuBLAS/CUTLASS kernels their family). `--pdl on,off` runs each arm and batch with our kernels'
 programmatic dependent launch on and off (DETENT_PDL), in one process. With PDL a kernel may be
 resident while its predecessor drains, so kernel times can overlap: compare the wall times.
+`--phase prefill` profiles the batch's whole prefill instead (until every request has its first token;
+`--samples 8` repeats each prompt as the GRPO batch does, so the prefix cache serves the repeats), and
+`--host-top N` adds the host's costliest functions in it. `--commitment` adds the arm `tuned`.
 """
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ from collections import defaultdict
 
 import torch
 
-from detent_rl.bench import decode_step_seconds, prefilled
+from detent_rl.bench import decode_step_seconds, phase_seconds, prefilled
+from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.models import load_model
 from detent_rl.models.builtin import NAMES, builtin_checkpoint
 from detent_rl.rollout.engine import Engine
@@ -48,12 +53,37 @@ def profile_decode(engine: Engine, prompts: list[list[int]], steps: int,
     from torch.profiler import ProfilerActivity, profile
     params = [SamplingParams(seed=i, temperature=temperature, max_tokens=steps + 1) for i in range(len(prompts))]
     walls = sorted(decode_step_seconds(engine, prompts, params) for _ in range(4))[1:]  # the first warms up
-    wall_ms = 1e3 * walls[1]
     prefilled(engine, prompts, params)
     with profile(activities=[ProfilerActivity.CUDA]) as p:
         while not engine.idle:
             engine.step()
         torch.cuda.synchronize()
+    return (1e3 * walls[1],) + _per_kernel(p, steps)
+
+
+def profile_prefill(engine: Engine, prompts: list[list[int]], temperature: float = 0.0, host_top: int = 0,
+                    ) -> tuple[float, float, dict, dict]:
+    """The same for the whole prefill (every request's prompt through the model and its first token
+    sampled, in the engine's steps of at most max_num_tokens; repeated prompts hit the prefix cache):
+    ms, and µs per prefill. `host_top`: also print the host's functions by own time in one more prefill
+    (cProfile: time a function spends waiting for the device counts as its own)."""
+    from torch.profiler import ProfilerActivity, profile
+    params = [SamplingParams(seed=i, temperature=temperature, max_tokens=1) for i in range(len(prompts))]
+    walls = sorted(phase_seconds(engine, prompts, params)[0] for _ in range(4))[1:]
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        prefilled(engine, prompts, params)
+        torch.cuda.synchronize()
+    if host_top:
+        import cProfile
+        import pstats
+        with cProfile.Profile() as host:
+            prefilled(engine, prompts, params)
+        pstats.Stats(host).sort_stats("tottime").print_stats(host_top)
+    return (1e3 * walls[1],) + _per_kernel(p, 1)
+
+
+def _per_kernel(p, steps: int) -> tuple[float, dict, dict]:
+    """(GPU ms, {kernel: (launches, µs)}, gaps), each per step, from a profile of `steps` steps."""
     gaps = _gaps(p, steps)
     per = defaultdict(lambda: [0, 0.0])
     for e in p.events():
@@ -62,8 +92,7 @@ def profile_decode(engine: Engine, prompts: list[list[int]], steps: int,
             k[0] += 1
             k[1] += e.device_time
     kernels = {n: (c / steps, us / steps) for n, (c, us) in per.items()}
-    gpu_ms = sum(us for _, us in kernels.values()) / 1e3
-    return wall_ms, gpu_ms, kernels, gaps
+    return sum(us for _, us in kernels.values()) / 1e3, kernels, gaps
 
 
 def _gaps(prof, steps: int, host_gap_us: float = 20.0) -> dict:
@@ -103,17 +132,31 @@ def main() -> None:
                                                                      "batch samples at 1)")
     ap.add_argument("--pdl", default="on", help="comma-separated on/off: our kernels' programmatic dependent "
                                                "launch, one run each (DETENT_PDL)")
+    ap.add_argument("--phase", choices=("decode", "prefill"), default="decode",
+                    help="prefill: profile the whole prefill of the batch's prompts instead of decode steps")
+    ap.add_argument("--samples", type=int, default=1, help="each prompt this many times in a row (the GRPO "
+                                                             "batch: 8), so that the prefix cache serves the repeats")
+    ap.add_argument("--host-top", type=int, default=0, help="prefill: also print the host's N costliest functions")
+    ap.add_argument("--commitment", default="", help="a tuned tuple file: adds the arm `tuned` (detent with it), "
+                                                     "and every arm takes the tuple's deployment limits")
     ap.add_argument("--attention-split", default="", help="comma-separated KV split sizes to pin the detent arm's "
                                                             "attention to, one run each (default: its tuple's)")
     args = ap.parse_args()
     path = builtin_checkpoint(args.model) if args.model in NAMES else args.model
     batches = [int(b) for b in args.batch.split(",")]
     limits = dict(max_context=args.prompt_len + args.steps + 32, max_batch=max(64, max(batches)), max_num_tokens=8192)
-    runs = [(arm, None) for arm in args.arms.split(",")]
+    commitment = CommitmentTuple.load(args.commitment) if args.commitment else None
+    if commitment is not None:
+        limits = {k: commitment.deployment[k] for k in limits}
+        if args.prompt_len + args.steps + 2 > limits["max_context"] or max(batches) > limits["max_batch"]:
+            ap.error(f"--commitment {args.commitment}: its deployment ({limits}) is smaller than --batch "
+                     f"{args.batch} of --prompt-len + --steps + 2 = {args.prompt_len + args.steps + 2} tokens")
+    runs = [(arm, None) for arm in args.arms.split(",")] + ([("tuned", None)] if commitment is not None else [])
     if args.attention_split:
         runs = [r for r in runs if r[0] != "detent"] + [("detent", int(s)) for s in args.attention_split.split(",")]
     for arm, split in runs:
-        model = load_model(path, arm, device="cuda", dtype=torch.bfloat16, **limits)
+        model = load_model(path, "detent" if arm == "tuned" else arm, device="cuda", dtype=torch.bfloat16,
+                           commitment=commitment if arm == "tuned" else None, **limits)
         if split is not None:
             model = load_model(path, arm, device="cuda", dtype=torch.bfloat16,
                                commitment=attention_pinned(model, split, limits["max_context"]), **limits)
@@ -121,16 +164,22 @@ def main() -> None:
         for b, pdl in [(b, p) for b in batches for p in args.pdl.split(",")]:
             os.environ["DETENT_PDL"] = "1" if pdl == "on" else "0"  # read at each launch, so at graph capture
             g = torch.Generator().manual_seed(b)
-            prompts = torch.randint(0, model.config.vocab_size, (b, args.prompt_len), generator=g).tolist()
+            prompts = torch.randint(0, model.config.vocab_size, (-(-b // args.samples), args.prompt_len),
+                                    generator=g).repeat_interleave(args.samples, 0)[:b].tolist()
             engine = Engine.for_requests(model, b, args.prompt_len + args.steps + 2, b)
-            wall, gpu, kernels, gaps = profile_decode(engine, prompts, args.steps, args.temperature)
+            if args.phase == "prefill":
+                wall, gpu, kernels, gaps = profile_prefill(engine, prompts, args.temperature, args.host_top)
+            else:
+                wall, gpu, kernels, gaps = profile_decode(engine, prompts, args.steps, args.temperature)
             launches = sum(c for c, _ in kernels.values())
-            print(f"\n## {args.model}, arm {arm}, PDL {pdl}, batch {b}, T {args.temperature:g}: {wall:.3f} ms/step "
-                  f"wall, {gpu:.3f} ms/step GPU kernels "
-                  f"({launches:.0f} launches/step), {wall - gpu:.3f} ms/step host and gaps: between kernels of a "
-                  f"step {gaps['in_graph_us'] / 1e3:.3f}, between steps {gaps['host_us'] / 1e3:.3f} (profiled run)\n")
-            print("largest gaps inside a step (µs/step): " + "; ".join(f"{k} {v:.1f}" for k, v in gaps["pairs"]))
-            print("| kernel | launches/step | µs/step | µs/launch |\n|---|---|---|---|")
+            unit = "prefill" if args.phase == "prefill" else "step"
+            print(f"\n## {args.model}, arm {arm}, PDL {pdl}, batch {b}, T {args.temperature:g}, {args.phase}: "
+                  f"{wall:.3f} ms/{unit} wall, {gpu:.3f} ms/{unit} GPU kernels "
+                  f"({launches:.0f} launches/{unit}), {wall - gpu:.3f} ms/{unit} host and gaps: between kernels "
+                  f"{gaps['in_graph_us'] / 1e3:.3f}, longer gaps (the host) {gaps['host_us'] / 1e3:.3f} "
+                  "(profiled run)\n")
+            print(f"largest gaps between kernels (µs/{unit}): " + "; ".join(f"{k} {v:.1f}" for k, v in gaps["pairs"]))
+            print(f"| kernel | launches/{unit} | µs/{unit} | µs/launch |\n|---|---|---|---|")
             for name, (c, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:args.top]:
                 print(f"| {name} | {c:.0f} | {us:.1f} | {us / c if c else float('nan'):.2f} |")
             del engine
