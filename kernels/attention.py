@@ -6,7 +6,8 @@ prefill stopped and decode began. Keys [j*S, (j+1)*S) form split j; inside a spl
 block_n keys are visited from the split's start, each folded into a running (max, sum, out) with
 the online-softmax update; a key after p is masked to -inf, which leaves the state bit-for-bit
 untouched (alpha = exp(0) = 1, p = 0). Splits are then combined in order j = 0, 1, ... by one
-kernel shared by prefill and decode. A tile of query rows only adds blocks that are fully masked
+kernel shared by prefill and decode (one split: the attention kernel does that arithmetic itself,
+the same bits without a second launch or the fp32 partials). A tile of query rows only adds blocks that are fully masked
 for its shorter rows, so a row's bits do not see the tile either.
 
 A tile's BLOCK_M rows are either BLOCK_M queries of one head, or (`pack` = the GQA group, as
@@ -85,11 +86,13 @@ def _kv_block(k_ptr, v_ptr, bt_ptr, req, kvh, kpos, kmask, d, stride_bt, stride_
 
 @triton.jit
 def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_ptr, tile_q0_ptr,
-                      m_ptr, l_ptr, o_ptr, scale, stride_qt, stride_qh, stride_kp, stride_ks, stride_kh,
-                      stride_bt, stride_mt, stride_mh, stride_ot, stride_oh, stride_os,
+                      m_ptr, l_ptr, o_ptr, out_ptr, lse_ptr, scale, stride_qt, stride_qh, stride_kp, stride_ks,
+                      stride_kh, stride_bt, stride_mt, stride_mh, stride_ot, stride_oh, stride_os, stride_outt,
+                      stride_outh, stride_lh,
                       GROUP: tl.constexpr, PACK: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                      IEEE: tl.constexpr, UPCAST: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
+                      IEEE: tl.constexpr, UPCAST: tl.constexpr, PREFETCH: tl.constexpr, DIRECT: tl.constexpr,
+                      LSE: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     tile = tl.program_id(0)
     split = tl.program_id(2)
@@ -161,11 +164,18 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v_cur.dtype), v_cur)
             m = m_new
-        ml = rows * stride_mt + head * stride_mh + split
-        tl.store(m_ptr + ml, m, mask=row_ok)
-        tl.store(l_ptr + ml, row_sum, mask=row_ok)
-        tl.store(o_ptr + rows[:, None] * stride_ot + head[:, None] * stride_oh + split * stride_os + d[None, :],
-                 acc, mask=row_ok[:, None])
+        if DIRECT:  # one split: `_combine_kernel`'s arithmetic on it, here (see `paged_attention`)
+            total = 0.0 + row_sum
+            tl.store(out_ptr + rows[:, None] * stride_outt + head[:, None] * stride_outh + d[None, :],
+                     ((0.0 + acc) / total[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+            if LSE:
+                tl.store(lse_ptr + head * stride_lh + rows, m + tl.log(total), mask=row_ok)
+        else:
+            ml = rows * stride_mt + head * stride_mh + split
+            tl.store(m_ptr + ml, m, mask=row_ok)
+            tl.store(l_ptr + ml, row_sum, mask=row_ok)
+            tl.store(o_ptr + rows[:, None] * stride_ot + head[:, None] * stride_oh + split * stride_os + d[None, :],
+                     acc, mask=row_ok[:, None])
 
 @triton.jit
 def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, pos_ptr, lse_ptr, stride_mt, stride_mh, stride_ot, stride_oh,
@@ -205,13 +215,19 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta, *,
                     scale: float, block_n: int, split_size: int, num_splits: int, num_warps: int = 4,
-                    num_stages: int = 2, prefetch: bool = False, lse: torch.Tensor | None = None) -> torch.Tensor:
+                    num_stages: int = 2, prefetch: bool = False, lse: torch.Tensor | None = None,
+                    combine: bool = False) -> torch.Tensor:
     """Causal attention of q [T, H, D] over the paged caches (which already hold the step's keys).
     `lse` (fp32 [H, T], GPU only) receives each row's log-sum-exp of its scaled scores, from the same
     split maxima and sums the output is divided by (the trainer's FlashAttention backward takes it).
     `prefetch` loads each KV block's pages and keys one iteration ahead, in registers, so that a
     split's chain of blocks is not one dependent pair of loads (page id, then key) after another: the
-    same arithmetic in the same order, a schedule (the selection's `kv_prefetch`; tests compare both)."""
+    same arithmetic in the same order, a schedule (the selection's `kv_prefetch`; tests compare both).
+
+    With one split the attention kernel writes the output (and `lse`) itself, from the same operations
+    the combine does on one split: its weight is exp(m - m) = 1, its sums start at +0 (0 + x * 1 is x,
+    and turns a -0 into +0), then the same division and log. `combine=True` runs the combine kernel
+    anyway (tests compare the bits)."""
     _check(q, k_cache, v_cache, meta, block_n, split_size)
     T, H, D = q.shape
     out = torch.empty_like(q)
@@ -221,17 +237,26 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         assert lse is None, "the log-sum-exp output is the Triton kernel's"
         return _attention_cpu(q, k_cache, v_cache, meta, scale, block_n, split_size, out)
     assert lse is None or (lse.shape == (H, T) and lse.dtype == torch.float32 and lse.stride(1) == 1)
-    m = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)
-    lsum = torch.empty_like(m)
-    o = torch.empty((T, H, num_splits, D), dtype=torch.float32, device=q.device)
+    direct = num_splits == 1 and not combine
+    if direct:  # placeholders, never read
+        m = lsum = o = out
+    else:
+        m = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)
+        lsum = torch.empty_like(m)
+        o = torch.empty((T, H, num_splits, D), dtype=torch.float32, device=q.device)
+    m_strides = (0, 0) if direct else (m.stride(0), m.stride(1))
+    o_strides = (0, 0, 0) if direct else (o.stride(0), o.stride(1), o.stride(2))
     grid = (meta.tile_req.shape[0], H if meta.pack == 1 else k_cache.shape[2], num_splits)
     _attention_kernel[grid](
         q, k_cache, v_cache, meta.block_table, meta.cu_q, meta.pos0, meta.tile_req, meta.tile_q0, m, lsum, o,
-        scale, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        meta.block_table.stride(0), m.stride(0), m.stride(1), o.stride(0), o.stride(1), o.stride(2),
+        out, lse if lse is not None else out, scale, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), meta.block_table.stride(0), *m_strides, *o_strides,
+        out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
         GROUP=H // k_cache.shape[2], PACK=meta.pack, PAGE=k_cache.shape[1], HEAD_DIM=D, BLOCK_M=meta.block_m, BLOCK_N=block_n,
         SPLIT=split_size, IEEE=q.dtype == torch.float32, UPCAST=interpreting() and q.dtype != torch.float32,
-        PREFETCH=prefetch, num_warps=num_warps, num_stages=num_stages, **pdl(q))
+        PREFETCH=prefetch, DIRECT=direct, LSE=lse is not None, num_warps=num_warps, num_stages=num_stages, **pdl(q))
+    if direct:
+        return out
     _combine_kernel[(T, H)](m, lsum, o, out, meta.token_pos, lse if lse is not None else m, m.stride(0),
                             m.stride(1), o.stride(0), o.stride(1), o.stride(2), out.stride(0), out.stride(1),
                             lse.stride(0) if lse is not None else 0, HEAD_DIM=D, SPLIT=split_size,

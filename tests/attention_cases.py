@@ -47,6 +47,7 @@ class Requests:
         self.pack: int | None = None  # None: what the selection asks for; 1 or the group: forced
         self.prefetch = True  # the kernel's KV prefetch (a schedule)
         self.keep_lse = False  # ask the kernel for each row's log-sum-exp ([H, T], into `self.lse`)
+        self.combine = False  # run the combine kernel on one split too (else the kernel writes the rows)
         self.lse: torch.Tensor | None = None
 
     def step(self, spans: list[tuple[int, int, int]], sel) -> list[torch.Tensor]:
@@ -63,7 +64,7 @@ class Requests:
         self.lse = torch.empty(q.shape[1], q.shape[0], device=self.device) if self.keep_lse else None
         out = paged_attention(q, self.k_cache, self.v_cache, meta, scale=self.scale, block_n=cfg.block_n,
                               split_size=cfg.split_size, num_splits=cfg.num_splits, num_warps=cfg.num_warps,
-                              num_stages=2, prefetch=self.prefetch, lse=self.lse)
+                              num_stages=2, prefetch=self.prefetch, lse=self.lse, combine=self.combine)
         rows, at = [], 0
         for _, _, n in spans:
             rows.append(out[at:at + n])

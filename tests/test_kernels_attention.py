@@ -34,7 +34,8 @@ def test_packed_tiles_interpreted():
     same queries, heads and outputs as the unpacked ones, with and without the KV prefetch (pages and
     keys loaded one block ahead): under the CPU interpreter all equal the reference, on prefill,
     chunked and decode steps whose keys cross pages and splits (logic only; the GPU tests compare bits).
-    The log-sum-exp the combine writes for the trainer's backward equals each row's, split or not."""
+    The log-sum-exp the combine writes for the trainer's backward equals each row's, split or not; with one
+    split the attention kernel writes the rows and log-sum-exp the combine would."""
     from interpreted import run_interpreted
     proc = run_interpreted("""
 import torch
@@ -55,10 +56,19 @@ for pack, prefetch in ((1, True), (3, True), (3, False)):
         err = (reqs.lse[:, at:at + n] - torch.logsumexp(s, -1)).abs().max().item()
         assert err < 1e-5, ("lse", pack, r, err)
         at += n
+    one = lambda *a: small(*a)._replace(split_size=64, num_splits=1)  # the kernel writes rows and lse itself
+    got = {}
+    for combine in (True, False):
+        reqs.combine = combine
+        got[combine] = (reqs.step([(0, 0, 36), (1, 0, 3), (2, 0, 1)], one), reqs.lse)
+    reqs.combine = False
+    assert torch.equal(got[True][1], got[False][1]), ("one split: lse", pack)
+    assert all(torch.equal(a, b) for a, b in zip(got[True][0], got[False][0])), ("one split", pack)
+    outs += got[False][0]
     reqs.keep_lse = False
     outs += [torch.cat([reqs.step([(0, 0, 17)], small)[0], reqs.step([(0, 17, 19)], small)[0]])]
     outs += [torch.cat([reqs.step([(1, 0, 2)], small)[0], reqs.step([(1, 2, 1)], small)[0]])]
-    for out, r in zip(outs, (0, 1, 2, 0, 1)):
+    for out, r in zip(outs, (0, 1, 2, 0, 1, 2, 0, 1)):
         ref = attention_ref(reqs.q[r], reqs.k[r], reqs.v[r], 0, reqs.scale)
         err = (out - ref).abs().max().item()
         assert err < 1e-5, (pack, prefetch, r, err)
