@@ -25,6 +25,7 @@ resident while its predecessor drains, so kernel times can overlap: compare the 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 from collections import defaultdict
@@ -32,6 +33,8 @@ from collections import defaultdict
 import torch
 
 from detent_rl.bench import decode_step_seconds, phase_seconds, prefilled
+from detent_rl.kernels import autograd
+from detent_rl.kernels.attention import paged_attention
 from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.models import load_model
 from detent_rl.models.builtin import NAMES, builtin_checkpoint
@@ -137,6 +140,9 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=1, help="each prompt this many times in a row (the GRPO "
                                                              "batch: 8), so that the prefix cache serves the repeats")
     ap.add_argument("--host-top", type=int, default=0, help="prefill: also print the host's N costliest functions")
+    ap.add_argument("--combine", default="auto", help="comma-separated auto/on/off: attention with one split "
+                                                      "through the combine kernel (on), written by the attention "
+                                                      "kernel (off), or as paged_attention decides (auto)")
     ap.add_argument("--commitment", default="", help="a tuned tuple file: adds the arm `tuned` (detent with it), "
                                                      "and every arm takes the tuple's deployment limits")
     ap.add_argument("--attention-split", default="", help="comma-separated KV split sizes to pin the detent arm's "
@@ -161,8 +167,11 @@ def main() -> None:
             model = load_model(path, arm, device="cuda", dtype=torch.bfloat16,
                                commitment=attention_pinned(model, split, limits["max_context"]), **limits)
             arm = f"detent, attention split {split}"
-        for b, pdl in [(b, p) for b in batches for p in args.pdl.split(",")]:
+        for b, pdl, combine in [(b, p, c) for b in batches for p in args.pdl.split(",")
+                                for c in args.combine.split(",")]:
             os.environ["DETENT_PDL"] = "1" if pdl == "on" else "0"  # read at each launch, so at graph capture
+            forced = {"on": True, "off": False}.get(combine)  # auto: None, paged_attention's rule
+            autograd.paged_attention = functools.partial(paged_attention, combine=forced)
             g = torch.Generator().manual_seed(b)
             prompts = torch.randint(0, model.config.vocab_size, (-(-b // args.samples), args.prompt_len),
                                     generator=g).repeat_interleave(args.samples, 0)[:b].tolist()
@@ -173,7 +182,8 @@ def main() -> None:
                 wall, gpu, kernels, gaps = profile_decode(engine, prompts, args.steps, args.temperature)
             launches = sum(c for c, _ in kernels.values())
             unit = "prefill" if args.phase == "prefill" else "step"
-            print(f"\n## {args.model}, arm {arm}, PDL {pdl}, batch {b}, T {args.temperature:g}, {args.phase}: "
+            print(f"\n## {args.model}, arm {arm}, PDL {pdl}, one-split combine {combine}, batch {b}, "
+                  f"T {args.temperature:g}, {args.phase}: "
                   f"{wall:.3f} ms/{unit} wall, {gpu:.3f} ms/{unit} GPU kernels "
                   f"({launches:.0f} launches/{unit}), {wall - gpu:.3f} ms/{unit} host and gaps: between kernels "
                   f"{gaps['in_graph_us'] / 1e3:.3f}, longer gaps (the host) {gaps['host_us'] / 1e3:.3f} "

@@ -6,8 +6,8 @@ prefill stopped and decode began. Keys [j*S, (j+1)*S) form split j; inside a spl
 block_n keys are visited from the split's start, each folded into a running (max, sum, out) with
 the online-softmax update; a key after p is masked to -inf, which leaves the state bit-for-bit
 untouched (alpha = exp(0) = 1, p = 0). Splits are then combined in order j = 0, 1, ... by one
-kernel shared by prefill and decode (one split: the attention kernel does that arithmetic itself,
-the same bits without a second launch or the fp32 partials). A tile of query rows only adds blocks that are fully masked
+kernel shared by prefill and decode (one split in a 16-row tile: the attention kernel does that
+arithmetic itself, the same bits without a second launch or the fp32 partials). A tile of query rows only adds blocks that are fully masked
 for its shorter rows, so a row's bits do not see the tile either.
 
 A tile's BLOCK_M rows are either BLOCK_M queries of one head, or (`pack` = the GQA group, as
@@ -216,7 +216,7 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta, *,
                     scale: float, block_n: int, split_size: int, num_splits: int, num_warps: int = 4,
                     num_stages: int = 2, prefetch: bool = False, lse: torch.Tensor | None = None,
-                    combine: bool = False) -> torch.Tensor:
+                    combine: bool | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] over the paged caches (which already hold the step's keys).
     `lse` (fp32 [H, T], GPU only) receives each row's log-sum-exp of its scaled scores, from the same
     split maxima and sums the output is divided by (the trainer's FlashAttention backward takes it).
@@ -224,10 +224,13 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     split's chain of blocks is not one dependent pair of loads (page id, then key) after another: the
     same arithmetic in the same order, a schedule (the selection's `kv_prefetch`; tests compare both).
 
-    With one split the attention kernel writes the output (and `lse`) itself, from the same operations
-    the combine does on one split: its weight is exp(m - m) = 1, its sums start at +0 (0 + x * 1 is x,
-    and turns a -0 into +0), then the same division and log. `combine=True` runs the combine kernel
-    anyway (tests compare the bits)."""
+    With one split and 16-row query tiles (the decode tile) the attention kernel writes the output (and
+    `lse`) itself, from the same operations the combine does on one split: its weight is exp(m - m) = 1,
+    its sums start at +0 (0 + x * 1 is x, and turns a -0 into +0), then the same division and log. That
+    saves the combine's launch and the fp32 partials. In 64-row tiles the same epilogue slowed the
+    kernel by more than it saved (H200, Qwen2-0.5B heads, batch-256 decode: 29.2 against 20.4 µs a
+    layer; docs/BENCHMARKS.md), so those keep the combine. `combine` forces one path (True: the
+    combine kernel; False: the kernel's own epilogue), for the tests that compare their bits."""
     _check(q, k_cache, v_cache, meta, block_n, split_size)
     T, H, D = q.shape
     out = torch.empty_like(q)
@@ -237,7 +240,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         assert lse is None, "the log-sum-exp output is the Triton kernel's"
         return _attention_cpu(q, k_cache, v_cache, meta, scale, block_n, split_size, out)
     assert lse is None or (lse.shape == (H, T) and lse.dtype == torch.float32 and lse.stride(1) == 1)
-    direct = num_splits == 1 and not combine
+    direct = num_splits == 1 and (meta.block_m <= 16 if combine is None else not combine)
     if direct:  # placeholders, never read
         m = lsum = o = out
     else:

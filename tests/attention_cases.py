@@ -47,7 +47,7 @@ class Requests:
         self.pack: int | None = None  # None: what the selection asks for; 1 or the group: forced
         self.prefetch = True  # the kernel's KV prefetch (a schedule)
         self.keep_lse = False  # ask the kernel for each row's log-sum-exp ([H, T], into `self.lse`)
-        self.combine = False  # run the combine kernel on one split too (else the kernel writes the rows)
+        self.combine: bool | None = None  # one split: None as paged_attention decides; True/False forced
         self.lse: torch.Tensor | None = None
 
     def step(self, spans: list[tuple[int, int, int]], sel) -> list[torch.Tensor]:

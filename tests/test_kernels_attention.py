@@ -61,7 +61,7 @@ for pack, prefetch in ((1, True), (3, True), (3, False)):
     for combine in (True, False):
         reqs.combine = combine
         got[combine] = (reqs.step([(0, 0, 36), (1, 0, 3), (2, 0, 1)], one), reqs.lse)
-    reqs.combine = False
+    reqs.combine = None
     assert torch.equal(got[True][1], got[False][1]), ("one split: lse", pack)
     assert all(torch.equal(a, b) for a, b in zip(got[True][0], got[False][0])), ("one split", pack)
     outs += got[False][0]

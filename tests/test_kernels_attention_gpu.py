@@ -88,24 +88,27 @@ def test_prefetch_keeps_bits(facts, dtype):
 @pytest.mark.parametrize("facts", [QWEN2_05B, LLAMA_8B], ids=["qwen2-0.5b", "llama-8b"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_one_split_writes_the_combines_bits(facts, dtype):
-    """With one split the attention kernel writes its rows and log-sum-exp itself: every scenario's rows
-    and the one-shot prefill's log-sum-exp equal those the combine kernel writes from the same split,
-    bit for bit, packed and not. Control: a change of KV tile (block_n 32) is seen by the comparison."""
-    _, detent = selections(facts, split_size=facts["max_context"])
-    assert detent(1, 1, 1, 1).num_splits == 1
+    """With one split the attention kernel can write its rows and log-sum-exp itself: every scenario's
+    rows and the one-shot prefill's log-sum-exp equal those the combine kernel writes from the same
+    split, bit for bit, packed and not, in 64-row tiles and in the 16-row decode tile. Control: a
+    change of KV tile (block_n 32) is seen by the comparison."""
+    _, pinned = selections(facts, split_size=facts["max_context"])
+    assert pinned(1, 1, 1, 1).num_splits == 1
     reqs = Requests([2100, 700, 9, 1300, 64], facts, dtype, "cuda", seed=3)
-    for pack in (1, facts["num_heads"] // facts["num_kv_heads"]):
+    for pack, block_m in ((1, 64), (facts["num_heads"] // facts["num_kv_heads"], 64), (1, 16)):
+        detent = lambda *a, block_m=block_m: pinned(*a)._replace(block_m=block_m)  # noqa: E731
         reqs.pack, out, lse = pack, {}, {}
         for combine in (True, False):
             reqs.combine, reqs.keep_lse = combine, True
             lse[combine] = (reqs.step([(0, 0, 2100), (2, 0, 9)], detent), reqs.lse)
             reqs.keep_lse = False
             out[combine] = scenario_outputs(reqs, 0, detent, seed=4)
-        assert torch.equal(lse[True][1], lse[False][1]), f"pack {pack}: log-sum-exp"
+        assert torch.equal(lse[True][1], lse[False][1]), f"pack {pack}, block_m {block_m}: log-sum-exp"
         for a, b in zip(lse[True][0], lse[False][0]):
-            assert torch.equal(a, b), f"pack {pack}: rows of the log-sum-exp step"
+            assert torch.equal(a, b), f"pack {pack}, block_m {block_m}: rows of the log-sum-exp step"
         assert mismatches({"prefill": out[True]["prefill"],
-                           **{f"pack {pack}, one kernel, {k}": v for k, v in out[False].items()}}) == []
+                           **{f"pack {pack}, block_m {block_m}, one kernel, {k}": v for k, v in out[False].items()}
+                           }) == []
     narrow = lambda *a: detent(*a)._replace(block_n=32)  # noqa: E731
     control = scenario_outputs(reqs, 0, narrow, seed=4)["prefill"]
     assert not torch.equal(control, out[False]["prefill"]), "control: another KV tile must change the bits"
