@@ -7,8 +7,9 @@ block_n keys are visited from the split's start, each folded into a running (max
 the online-softmax update; a key after p is masked to -inf, which leaves the state bit-for-bit
 untouched (alpha = exp(0) = 1, p = 0). Splits are then combined in order j = 0, 1, ... by one
 kernel shared by prefill and decode (one split in a 16-row tile: the attention kernel does that
-arithmetic itself, the same bits without a second launch or the fp32 partials). A tile of query rows only adds blocks that are fully masked
-for its shorter rows, so a row's bits do not see the tile either.
+arithmetic itself, the same bits without a second launch or the fp32 partials). A tile of query
+rows only adds blocks that are fully masked for its shorter rows, so a row's bits do not see the
+tile either.
 
 A tile's BLOCK_M rows are either BLOCK_M queries of one head, or (`pack` = the GQA group, as
 FlashAttention-3's PackGQA) BLOCK_M // pack queries times the pack heads that share one KV head:
@@ -247,15 +248,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         m = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)
         lsum = torch.empty_like(m)
         o = torch.empty((T, H, num_splits, D), dtype=torch.float32, device=q.device)
-    m_strides = (0, 0) if direct else (m.stride(0), m.stride(1))
-    o_strides = (0, 0, 0) if direct else (o.stride(0), o.stride(1), o.stride(2))
     grid = (meta.tile_req.shape[0], H if meta.pack == 1 else k_cache.shape[2], num_splits)
     _attention_kernel[grid](
         q, k_cache, v_cache, meta.block_table, meta.cu_q, meta.pos0, meta.tile_req, meta.tile_q0, m, lsum, o,
         out, lse if lse is not None else out, scale, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-        k_cache.stride(2), meta.block_table.stride(0), *m_strides, *o_strides,
+        k_cache.stride(2), meta.block_table.stride(0), m.stride(0), m.stride(1), o.stride(0), o.stride(1), o.stride(2),
         out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
-        GROUP=H // k_cache.shape[2], PACK=meta.pack, PAGE=k_cache.shape[1], HEAD_DIM=D, BLOCK_M=meta.block_m, BLOCK_N=block_n,
+        GROUP=H // k_cache.shape[2], PACK=meta.pack, PAGE=k_cache.shape[1], HEAD_DIM=D, BLOCK_M=meta.block_m,
+        BLOCK_N=block_n,
         SPLIT=split_size, IEEE=q.dtype == torch.float32, UPCAST=interpreting() and q.dtype != torch.float32,
         PREFETCH=prefetch, DIRECT=direct, LSE=lse is not None, num_warps=num_warps, num_stages=num_stages, **pdl(q))
     if direct:
