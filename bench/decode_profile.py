@@ -20,8 +20,7 @@ programmatic dependent launch on and off (DETENT_PDL), in one process. With PDL 
 resident while its predecessor drains, so kernel times can overlap: compare the wall times.
 `--phase prefill` profiles the batch's whole prefill instead (until every request has its first token;
 `--samples 8` repeats each prompt as the GRPO batch does, so the prefix cache serves the repeats), and
-`--host-top N` adds the host's costliest functions in it. `--commitment` adds the arm `tuned`. `--defer on,off`
-runs the down projection's chunk sums added by the next norm (the default) and by their own kernel.
+`--host-top N` adds the host's costliest functions in it. `--commitment` adds the arm `tuned`.
 """
 from __future__ import annotations
 
@@ -39,7 +38,6 @@ from detent_rl.kernels.attention import paged_attention
 from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.models import load_model
 from detent_rl.models.builtin import NAMES, builtin_checkpoint
-from detent_rl.models.layers import MLP
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
 
@@ -145,9 +143,6 @@ def main() -> None:
     ap.add_argument("--combine", default="auto", help="comma-separated auto/on/off: attention with one split "
                                                       "through the combine kernel (on), written by the attention "
                                                       "kernel (off), or as paged_attention decides (auto)")
-    ap.add_argument("--defer", default="on", help="comma-separated on/off: the down projection's chunk sums added "
-                                                  "by the next norm (on: the engine's default) or by their own "
-                                                  "kernel (off), one run each")
     ap.add_argument("--commitment", default="", help="a tuned tuple file: adds the arm `tuned` (detent with it), "
                                                      "and every arm takes the tuple's deployment limits")
     ap.add_argument("--attention-split", default="", help="comma-separated KV split sizes to pin the detent arm's "
@@ -172,10 +167,9 @@ def main() -> None:
             model = load_model(path, arm, device="cuda", dtype=torch.bfloat16,
                                commitment=attention_pinned(model, split, limits["max_context"]), **limits)
             arm = f"detent, attention split {split}"
-        for b, pdl, combine, defer in [(b, p, c, d) for b in batches for p in args.pdl.split(",")
-                                       for c in args.combine.split(",") for d in args.defer.split(",")]:
+        for b, pdl, combine in [(b, p, c) for b in batches for p in args.pdl.split(",")
+                                for c in args.combine.split(",")]:
             os.environ["DETENT_PDL"] = "1" if pdl == "on" else "0"  # read at each launch, so at graph capture
-            MLP.defer_sums = defer == "on"
             forced = {"on": True, "off": False}.get(combine)  # auto: None, paged_attention's rule
             autograd.paged_attention = functools.partial(paged_attention, combine=forced)
             g = torch.Generator().manual_seed(b)
@@ -188,8 +182,7 @@ def main() -> None:
                 wall, gpu, kernels, gaps = profile_decode(engine, prompts, args.steps, args.temperature)
             launches = sum(c for c, _ in kernels.values())
             unit = "prefill" if args.phase == "prefill" else "step"
-            print(f"\n## {args.model}, arm {arm}, PDL {pdl}, one-split combine {combine}, deferred sums {defer}, "
-                  f"batch {b}, "
+            print(f"\n## {args.model}, arm {arm}, PDL {pdl}, one-split combine {combine}, batch {b}, "
                   f"T {args.temperature:g}, {args.phase}: "
                   f"{wall:.3f} ms/{unit} wall, {gpu:.3f} ms/{unit} GPU kernels "
                   f"({launches:.0f} launches/{unit}), {wall - gpu:.3f} ms/{unit} host and gaps: between kernels "

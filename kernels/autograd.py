@@ -31,14 +31,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from detent_rl.kernels.attention import AttnMeta, device_tensor, paged_attention, store_kv
 from detent_rl.kernels.embedding import embedding
 from detent_rl.kernels.log_softmax import token_logprobs
-from detent_rl.kernels.matmul import ChunkSums, linear
+from detent_rl.kernels.matmul import linear
 from detent_rl.kernels.rmsnorm import rmsnorm, rmsnorm_backward
 from detent_rl.kernels.rotary import apply_rotary, rotary_store
 from detent_rl.kernels.silu_and_mul import silu_and_mul, silu_and_mul_backward
 
 
-def needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
-    """Whether autograd would record a kernel call on these tensors (grad mode on, one of them requiring it)."""
+def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
@@ -167,33 +166,33 @@ def token_logprobs_segments_autograd(logits: torch.Tensor, token_ids: torch.Tens
     """fp32 logprobs of `token_ids` under `logits` [rows, vocab], rows cut into consecutive segments
     (first row, rows, block, num_warps, temperature) that together cover every row in order."""
     assert sum(n for _, n, *_ in segments) == logits.shape[0], "segments must cover the rows"
-    if not needs_grad(logits):
+    if not _needs_grad(logits):
         return _segment_logprobs(logits, token_ids, tuple(segments))
     return _TokenLogprobs.apply(logits, token_ids, tuple(segments))
 
 
 def linear_autograd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], launch: dict) -> torch.Tensor:
     """`linear(x, w, b, **launch)`, `launch` from `matmul.launch_params(selection)`."""
-    if not needs_grad(x, w, b):
+    if not _needs_grad(x, w, b):
         return linear(x, w, b, **launch)
     return _Linear.apply(x, w, b, launch)
 
 
 def embedding_autograd(ids: torch.Tensor, weight: torch.Tensor, *, block: int) -> torch.Tensor:
-    if not needs_grad(weight):
+    if not _needs_grad(weight):
         return embedding(ids, weight, block=block)
     return _Embedding.apply(ids, weight, block)
 
 
-def rmsnorm_autograd(x: torch.Tensor | ChunkSums, weight: torch.Tensor, eps: float, *, block: int, num_warps: int,
+def rmsnorm_autograd(x: torch.Tensor, weight: torch.Tensor, eps: float, *, block: int, num_warps: int,
                      residual: Optional[torch.Tensor] = None) -> Any:
-    if isinstance(x, ChunkSums) or not needs_grad(x, weight, residual):  # unadded sums: never with a gradient
+    if not _needs_grad(x, weight, residual):
         return rmsnorm(x, weight, eps, block=block, num_warps=num_warps, residual=residual)
     return _RMSNorm.apply(x, weight, residual, eps, block, num_warps)
 
 
 def silu_and_mul_autograd(x: torch.Tensor, *, block: int) -> torch.Tensor:
-    if not needs_grad(x):
+    if not _needs_grad(x):
         return silu_and_mul(x, block=block)
     return _SiluAndMul.apply(x, block)
 
@@ -201,7 +200,7 @@ def silu_and_mul_autograd(x: torch.Tensor, *, block: int) -> torch.Tensor:
 def rotary_autograd(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     *, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotated (q, k) by `apply_rotary`, differentiable; nothing stored."""
-    if not needs_grad(q, k):
+    if not _needs_grad(q, k):
         return apply_rotary(q.contiguous(), k.contiguous(), positions, cos, sin, block=block)
     return _Rotary.apply(q.contiguous(), k.contiguous(), positions, cos, sin, block)
 
@@ -211,7 +210,7 @@ def rotary_store_autograd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos
                           slots: torch.Tensor, *, block: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Rotated (q, k). Without a gradient one launch also stores k and v into the caches and k comes
     back None (stored); with one, `attention_autograd` stores the returned k (the same bits)."""
-    if not needs_grad(q, k, v):
+    if not _needs_grad(q, k, v):
         return rotary_store(q, k, v, positions, cos, sin, k_cache, v_cache, slots, block=block), None
     return _Rotary.apply(q, k, positions, cos, sin, block)
 
@@ -371,7 +370,7 @@ def attention_autograd(q: torch.Tensor, k: Optional[torch.Tensor], v: torch.Tens
                        **params: Any) -> torch.Tensor:
     """store_kv + paged_attention (the engine's two calls); differentiable for one-shot prefills.
     k None: `rotary_store_autograd` already stored the step's k and v."""
-    if not needs_grad(q, k, v):
+    if not _needs_grad(q, k, v):
         if k is not None:
             store_kv(k, v, k_cache, v_cache, slots)
         return paged_attention(q, k_cache, v_cache, meta, scale=scale, **params)

@@ -22,7 +22,6 @@ On the CPU the same operations run on fixed-shape row tiles (torch's fp32 CPU ma
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -137,8 +136,7 @@ def check_operands(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, chunk: int, parallel: bool,
            block_m: int, block_n: int, block_k: int, group_m: int = 8, num_warps: int = 4,
            num_stages: int = 3, flat: bool = False, wgmma: bool = False, swap_ab: bool = False,
-           persistent: bool = False, out_dtype: torch.dtype | None = None, defer_sums: bool = False
-           ) -> torch.Tensor | ChunkSums:
+           persistent: bool = False, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """`x @ w.T + bias` for x [M, K], w [N, K]: K cut into `chunk`-element chunks (what fixes the
     bits; `chunk >= K` is one chunk), computed by the parallel or the sequential schedule with the
     given tile (free per call: neither changes a row's bits). `flat` runs the sequential schedule as
@@ -149,9 +147,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     in chunk order: models/parallel.py); default x's dtype. `swap_ab` (with `wgmma`) computes each tile
     transposed in the warpgroup kernel (`matmul_wgmma`); where that kernel does not run, the same tile
     runs the Triton kernel: the same bits. `persistent` (with `wgmma`) runs the warpgroup kernel's tiles a
-    few to a program, as many programs as the SMs hold (bit-neutral too). `defer_sums`: where the parallel
-    form runs with several chunks, return its chunk sums unadded (`ChunkSums`) for the consumer to add in
-    chunk order (`rmsnorm` does, as it reads a row: the engine's down projection), one launch fewer."""
+    few to a program, as many programs as the SMs hold (bit-neutral too)."""
     check_operands(x, w, bias)
     assert chunk > 0 and block_m > 0 and block_n > 0 and block_k > 0
     assert chunk % block_k == 0, f"chunk {chunk} must be whole BLOCK_K {block_k} blocks"
@@ -169,12 +165,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
                             persistent=persistent)
     if x.is_cuda or interpreting():
         return _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps,
-                              num_stages, flat, out_dtype, defer_sums)
+                              num_stages, flat, out_dtype)
     return _linear_cpu(x, w, bias, chunk, out_dtype)
 
 
 def _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps, num_stages,
-                   flat=False, out_dtype=None, defer_sums=False):
+                   flat=False, out_dtype=None):
     M, K = x.shape
     N = w.shape[0]
     out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
@@ -191,34 +187,9 @@ def _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group
         BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, IEEE=x.dtype == torch.float32,
         UPCAST=interpreting() and x.dtype != torch.float32, FLAT=flat and not parallel and chunks > 1,
         num_warps=num_warps, num_stages=num_stages, **pdl(x))
-    if parallel and defer_sums:
-        return ChunkSums(ws, bias, out.dtype)
     if parallel:  # the chunk sums added in chunk order
         combine_splits(ws, bias, out)
     return out
-
-
-@dataclass(frozen=True)
-class ChunkSums:
-    """A parallel-form linear's output before its chunk sums are added: `ws` [chunks, M, N] fp32, `bias`
-    [N] or None, the output's `dtype`. `materialize()` adds them (`combine_splits`); `rmsnorm` adds them as
-    it reads each row, with the same fp32 operations."""
-    ws: torch.Tensor
-    bias: torch.Tensor | None
-    dtype: torch.dtype
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.ws.shape[1:]
-
-    @property
-    def device(self) -> torch.device:
-        return self.ws.device
-
-    def materialize(self) -> torch.Tensor:
-        out = torch.empty(self.shape, dtype=self.dtype, device=self.ws.device)
-        combine_splits(self.ws, self.bias, out)
-        return out
 
 
 def combine_splits(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:

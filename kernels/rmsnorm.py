@@ -16,38 +16,21 @@ import torch
 
 from detent_rl.kernels._triton import (FLOAT_DTYPES, aligned, check_block, dense_rows, fold_rows, pdl, pdl_enter,
                                        require_triton, tl, triton, use_triton)
-from detent_rl.kernels.matmul import ChunkSums
 
 
 @triton.jit
-def _row_in(x_ptr, base, cols, mask, chunk_stride, b_ptr, dtype, CHUNKS: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """x's row piece at `cols`; with CHUNKS > 0, x is a parallel-form linear's fp32 chunk sums (`ChunkSums`,
-    chunk c at c * chunk_stride) and the piece is `combine_splits`'s: the sums added in chunk order, then the
-    bias, rounded once to `dtype` (the same fp32 operations, so the same bits)."""
-    if CHUNKS == 0:
-        return tl.load(x_ptr + base + cols, mask=mask, other=0.0)
-    acc = tl.load(x_ptr + base + cols, mask=mask, other=0.0)
-    for c in tl.static_range(1, CHUNKS):
-        acc += tl.load(x_ptr + c * chunk_stride + base + cols, mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    return acc.to(dtype)
-
-
-@triton.jit
-def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps, chunk_stride, b_ptr,
-                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr, CHUNKS: tl.constexpr = 0,
-                    HAS_BIAS: tl.constexpr = False):
+def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
+                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     base = row * n_cols
-    dtype = out_ptr.dtype.element_ty
+    dtype = x_ptr.dtype.element_ty
     lanes = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, n_cols, BLOCK):
         cols = start + lanes
         mask = cols < n_cols
-        h = _row_in(x_ptr, base, cols, mask, chunk_stride, b_ptr, dtype, CHUNKS, HAS_BIAS)
+        h = tl.load(x_ptr + base + cols, mask=mask, other=0.0)
         if HAS_RESIDUAL:
             r = tl.load(res_ptr + base + cols, mask=mask, other=0.0)
             h = (h.to(tl.float32) + r.to(tl.float32)).to(dtype)
@@ -60,7 +43,7 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps, ch
         cols = start + lanes
         mask = cols < n_cols
         # h is recomputed, not re-read from res_out: same ops, same bits, no intra-program race.
-        h = _row_in(x_ptr, base, cols, mask, chunk_stride, b_ptr, dtype, CHUNKS, HAS_BIAS)
+        h = tl.load(x_ptr + base + cols, mask=mask, other=0.0)
         if HAS_RESIDUAL:
             r = tl.load(res_ptr + base + cols, mask=mask, other=0.0)
             h = (h.to(tl.float32) + r.to(tl.float32)).to(dtype)
@@ -69,24 +52,19 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps, ch
         tl.store(out_ptr + base + cols, (w.to(tl.float32) * y.to(tl.float32)).to(dtype), mask=mask)
 
 
-def _rmsnorm_triton(x: Union[torch.Tensor, ChunkSums], weight: torch.Tensor, eps: float,
-                    residual: Optional[torch.Tensor], block: int, num_warps: int
-                    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    require_triton(weight)
-    sums = x if isinstance(x, ChunkSums) else None
-    x = sums.ws if sums is not None else dense_rows(x)
-    weight = aligned(weight)
+def _rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Optional[torch.Tensor],
+                    block: int, num_warps: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    require_triton(x)
+    x, weight = dense_rows(x), aligned(weight)
     residual = dense_rows(residual) if residual is not None else None
-    rows, hidden = x.shape[-2:]
-    out = torch.empty((rows, hidden), dtype=weight.dtype, device=x.device)
+    rows, hidden = x.shape
+    out = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(out) if residual is not None else None
     if rows > 0:
-        bias = sums.bias if sums is not None else None
         _rmsnorm_kernel[(rows,)](
-            x, residual if residual is not None else out, weight, out,
-            res_out if res_out is not None else out, hidden, float(eps), rows * hidden if sums is not None else 0,
-            bias if bias is not None else weight, HAS_RESIDUAL=residual is not None, BLOCK=block,
-            CHUNKS=x.shape[0] if sums is not None else 0, HAS_BIAS=bias is not None, num_warps=num_warps, **pdl(x))
+            x, residual if residual is not None else x, weight, out,
+            res_out if res_out is not None else out, hidden, float(eps),
+            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=num_warps, **pdl(x))
     return out, res_out
 
 
@@ -182,25 +160,13 @@ def _rmsnorm_backward_torch(h: torch.Tensor, weight: torch.Tensor, g: torch.Tens
     return dh.to(h.dtype), gw
 
 
-def rmsnorm(x: Union[torch.Tensor, ChunkSums], weight: torch.Tensor, eps: float, *, block: int, num_warps: int = 4,
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, block: int, num_warps: int = 4,
             residual: Optional[torch.Tensor] = None) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """RMSNorm of each row of x [rows, hidden]; with `residual`, returns (out, residual + x).
 
     Out of place: inputs are never written. CUDA tensors run the Triton kernel, CPU tensors the
     PyTorch mirror of the same chunked reduction (batch-invariant too; CPU bits != GPU bits).
-    x may be a parallel-form linear's unadded chunk sums (`matmul.ChunkSums`: the engine's down
-    projection): the Triton kernel adds them as `combine_splits` would, as it reads each row, one
-    launch and one [rows, hidden] round trip fewer; elsewhere they are added first.
     """
-    if isinstance(x, ChunkSums):
-        if use_triton(x.ws):
-            assert weight.dtype == x.dtype and weight.shape == (x.shape[1],), "weight must match the sums' output"
-            assert residual is None or (residual.shape == x.shape and residual.dtype == x.dtype), \
-                "residual must match the sums' output in shape and dtype"
-            check_block(block)
-            out, res = _rmsnorm_triton(x, weight, eps, residual, block, num_warps)
-            return out if residual is None else (out, res)
-        x = x.materialize()
     assert x.dim() == 2 and x.stride(-1) == 1, "x must be [rows, hidden] with a contiguous last dim"
     assert x.dtype in FLOAT_DTYPES, f"unsupported dtype {x.dtype}"
     assert weight.shape == (x.shape[1],) and weight.dtype == x.dtype and weight.device == x.device, \

@@ -21,10 +21,10 @@ import torch
 from torch import nn
 
 from detent_rl.kernels.attention import pack_of
-from detent_rl.kernels.autograd import (attention_autograd, embedding_autograd, linear_autograd, needs_grad,
+from detent_rl.kernels.autograd import (attention_autograd, embedding_autograd, linear_autograd,
                                        rmsnorm_autograd, rotary_autograd, rotary_store_autograd,
                                        silu_and_mul_autograd)
-from detent_rl.kernels.matmul import ChunkSums, launch_params, stock_linear
+from detent_rl.kernels.matmul import launch_params, stock_linear
 from detent_rl.kernels.selections import KernelSelections
 from detent_rl.models.config import ModelConfig
 from detent_rl.models.context import get_context
@@ -145,7 +145,7 @@ class RMSNorm(nn.Module):
         site = {"rows_per_token": rows_per_token} if rows_per_token != 1 else {}
         self._select = selections.get("rmsnorm", hidden=width, **site)
 
-    def forward(self, x: torch.Tensor | ChunkSums, residual: torch.Tensor | None = None
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         s = self._select(x.shape[0])
         return rmsnorm_autograd(x, self.weight, self.eps, block=s.block, num_warps=s.num_warps, residual=residual)
@@ -200,12 +200,7 @@ class RotaryEmbedding(nn.Module):
 
 
 class MLP(nn.Module):
-    """down(silu(gate(x)) * up(x)), gate and up fused into one matmul. Without gradients (the engine), where
-    the down projection runs the parallel form, its chunk sums are returned unadded (`matmul.ChunkSums`) and
-    the next norm adds them as it reads each row: the same bits, one launch fewer a layer. `defer_sums =
-    False` turns that off (A/B measurements)."""
-
-    defer_sums = True
+    """down(silu(gate(x)) * up(x)), gate and up fused into one matmul."""
 
     def __init__(self, hidden: int, intermediate: int, bias: bool, selections: KernelSelections,
                  device: Device, dtype: torch.dtype, tp: TensorParallel | None = None) -> None:
@@ -217,12 +212,9 @@ class MLP(nn.Module):
         width = tp.part(intermediate, "intermediate_size") if tp is not None else intermediate
         self._select = selections.get("elementwise", width=width)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor | ChunkSums:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = silu_and_mul_autograd(self.gate_up_proj(x), block=self._select(x.shape[0]).block)
-        down = self.down_proj
-        if self.defer_sums and down.parallel is None and not down._stock and not needs_grad(h, down.weight, down.bias):
-            return down._linear(h, down.bias, defer_sums=True)  # a tensor where the sums are not deferred
-        return down(h)
+        return self.down_proj(h)
 
 
 def local_heads(config: ModelConfig, tp: TensorParallel | None) -> tuple[int, int]:
