@@ -63,7 +63,6 @@ def measure(model, tokens: int, prompt_len: int, reps: int, host_top: int) -> di
 
     for _ in range(3):  # compiles, autotunes, fills the allocator's cache
         forward()
-    torch.cuda.synchronize()
     host, wall = [], []
     for _ in range(reps):
         torch.cuda.synchronize()
@@ -80,7 +79,6 @@ def measure(model, tokens: int, prompt_len: int, reps: int, host_top: int) -> di
         torch.cuda.synchronize()
     gpu, kernels, _ = _per_kernel(p, 1)
     if host_top:
-        torch.cuda.synchronize()
         with cProfile.Profile() as prof:
             forward()
         torch.cuda.synchronize()

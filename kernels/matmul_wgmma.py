@@ -225,7 +225,7 @@ def applies(x: Any, w: Any, block_k: int) -> bool:
 
     if not (HAS_GLUON and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)):
         return False
-    if not _is_sm90(x.device.index if x.device.index is not None else torch.cuda.current_device()):
+    if not _is_sm90(x.device):
         return False
     K = x.shape[1]
     return (x.stride(1) == 1 and w.stride(1) == 1 and (x.stride(0) * 2) % 16 == 0 and (w.stride(0) * 2) % 16 == 0
@@ -244,10 +244,10 @@ def _smem_layout(rows: int, cols: int, dt: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=None)
-def _is_sm90(index: int) -> bool:
+def _is_sm90(device: Any) -> bool:
     import torch
 
-    return torch.cuda.get_device_capability(index) == (9, 0)
+    return torch.cuda.get_device_capability(device) == (9, 0)
 
 
 @functools.lru_cache(maxsize=None)
