@@ -4,8 +4,9 @@
 
 For each site and M: cuBLAS, `linear`'s best sequential and parallel schedules (the plain Triton
 kernel), and `matmul_wgmma.linear_wgmma` at each tile / BLOCK_K / ring depth, swapped (`swap_ab`: x's rows
-in the MMA's N slot) at M <= 128, each also persistent (`persistent`: as many programs as the SMs hold,
-a few tiles each; `P` in the listing) where its tiles outnumber the SMs, every output compared bit for
+in the MMA's N slot) at M <= 128, and where K is cut the parallel form (`split`: each tile's chunks in their
+own programs, fp32 sums added in order after; `S`), each also persistent (`persistent`: as many programs as
+the SMs hold, a few units each; `P` in the listing) where its units outnumber the SMs, every output compared bit for
 bit with `linear`'s of the same partition (sequential and parallel forms). Times: CUDA-graph replays
 over cold weight copies (`timing.cold_copies`), median us.
 """
@@ -34,10 +35,14 @@ PAR = [(16, 64, 64, 4, 3), (32, 64, 64, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64,
 SMALL = [(16, 64, 128, 4, 4), (32, 64, 128, 4, 4), (32, 64, 64, 4, 4)]  # the 32 bucket's Triton tiles (M <= 64)
 # block_m, block_n, block_k, ring buffers, swap_ab (tile_fits filters); the swapped tiles only at M <= SWAP_M
 WGMMA = [(128, 128, 64, 4, False), (128, 128, 128, 3, False), (64, 64, 64, 4, False), (64, 64, 64, 6, False),
-         (64, 128, 64, 4, False), (64, 256, 64, 3, False), (128, 256, 64, 3, False),
+         (64, 128, 64, 4, False), (64, 128, 64, 6, False), (128, 64, 64, 4, False), (64, 256, 64, 3, False),
+         (128, 256, 64, 3, False),
          (16, 64, 64, 6, True), (32, 64, 64, 6, True), (32, 64, 64, 8, True), (64, 64, 64, 6, True),
          (16, 128, 64, 4, True), (32, 128, 64, 4, True), (64, 128, 64, 4, True)]
 SWAP_M = 128
+# the parallel form (`split`: one (tile, chunk) a unit, fp32 sums to a workspace) where K is cut: bm, bn, bk, ring
+SPLIT = [(64, 64, 64, 4), (64, 64, 64, 6), (64, 128, 64, 4), (128, 64, 64, 4), (128, 128, 64, 3), (128, 128, 64, 4),
+         (128, 256, 64, 3)]
 
 
 def timed(fn) -> float:
@@ -77,14 +82,17 @@ def main() -> None:
                       for bm, bn, bk, wp, st in (PAR[:1] if args.no_triton else PAR) + small
                       if chunk % bk == 0) if chunk < k else (float("inf"), None)
             best, same, errors, each = (float("inf"), None), True, [], []
-            for (bm, bn, bk, ring, swap), pers in itertools.product(WGMMA, (False, True)):
-                if chunk % bk or not tile_fits(bm, bn, chunk < k, swap) or (swap and m > SWAP_M):
+            split = [(bm, bn, bk, ring, False, True) for bm, bn, bk, ring in SPLIT] if chunk < k else []
+            for (bm, bn, bk, ring, swap, sp), pers in itertools.product(
+                    [row + (False,) for row in WGMMA] + split, (False, True)):
+                if chunk % bk or not tile_fits(bm, bn, chunk < k and not sp, swap) or (swap and m > SWAP_M):
                     continue
-                if pers and triton.cdiv(m, bm) * triton.cdiv(n, bn) <= sms:  # one wave: the same launch
+                units = triton.cdiv(m, bm) * triton.cdiv(n, bn) * (triton.cdiv(k, chunk) if sp else 1)
+                if pers and units <= sms:  # one wave: the same launch
                     continue
                 kw = dict(chunk=chunk, block_k=bk, num_buffers=ring, block_m=bm, block_n=bn, swap_ab=swap,
-                          persistent=pers)
-                name = (bm, bn, bk, ring, ("swap" if swap else "") + ("P" if pers else ""))
+                          persistent=pers, split=sp)
+                name = (bm, bn, bk, ring, ("swap" if swap else "") + ("S" if sp else "") + ("P" if pers else ""))
                 try:
                     out = linear_wgmma(x, w0, b, **kw)
                 except Exception as e:  # noqa: BLE001 - a probe reports what does not compile or launch

@@ -11,7 +11,8 @@ row's bits depend on `chunk` (and the data), never on M or on the schedule:
 - `parallel=False` (prefill and the trainer, large M: compute-bound, big tiles): one program per
   tile loops over the chunks, each into a fresh accumulator added to the running total in order.
   With `wgmma=True` on Hopper the same sequential sums run in `matmul_wgmma`'s kernel, which issues
-  the warpgroup MMAs itself and waits for them once a chunk instead of once a block.
+  the warpgroup MMAs itself and waits for them once a chunk instead of once a block; so can the
+  parallel form's chunk sums (TMA loads, an fp32 workspace the same `combine_splits` adds).
 
 Tile shapes (BLOCK_M/N/K, warps, stages) are free per call: on the H200 a `tl.dot` row does not
 change with them (measured on every 0.5B/1.5B site by tests/test_kernels_matmul_gpu.py). So the
@@ -108,14 +109,14 @@ def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, num_chunks, st
 
 
 @triton.jit
-def _splitk_reduce_kernel(ws_ptr, b_ptr, out_ptr, M, N, stride_om, stride_on,
+def _splitk_reduce_kernel(ws_ptr, b_ptr, out_ptr, M, N, stride_ws, stride_om, stride_on,
                           HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M * N
     acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
     for s in tl.static_range(1, SPLIT_K):  # partials added in split order, always
-        acc += tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0)
+        acc += tl.load(ws_ptr + s * stride_ws + offs, mask=mask, other=0.0)
     n = offs % N
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=mask, other=0.0).to(tl.float32)
@@ -158,11 +159,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         # 622,592 outputs differed on the H200). Two blocks per chunk keep the chunk's own sum.
         block_k //= 2
     out_dtype = out_dtype or x.dtype
-    if (wgmma and out_dtype == x.dtype and x.is_cuda and (not parallel or chunk >= x.shape[1])
-            and wgmma_applies(x, w, block_k) and wgmma_tile_fits(block_m, block_n, chunk < x.shape[1], swap_ab)):
+    split = parallel and chunk < x.shape[1]  # the parallel form: whole tiles a chunk, into an fp32 workspace
+    if (wgmma and out_dtype == x.dtype and x.is_cuda and wgmma_applies(x, w, block_k)
+            and (not split or (not swap_ab and w.shape[0] % 4 == 0))
+            and wgmma_tile_fits(block_m, block_n, chunk < x.shape[1] and not split, swap_ab)):
         return linear_wgmma(x, w, bias, chunk=chunk, block_k=block_k, group_m=group_m, num_buffers=num_stages,
                             pdl=pdl(x)["PDL"], block_m=block_m, block_n=block_n, swap_ab=swap_ab,
-                            persistent=persistent)
+                            persistent=persistent, split=split)
     if x.is_cuda or interpreting():
         return _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps,
                               num_stages, flat, out_dtype)
@@ -193,12 +196,16 @@ def _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group
 
 
 def combine_splits(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
-    """`out = ws[0] + ws[1] + ... (+ bias)`, the fp32 partials [splits, M, N] added in split order."""
-    splits, M, N = ws.shape
+    """`out = ws[0] + ws[1] + ... (+ bias)`, the fp32 partials [splits, rows >= M, N] (out's first M
+    rows of each; contiguous) added in split order."""
+    M, N = out.shape
+    splits = ws.shape[0]
+    assert ws.shape[1] >= M and ws.shape[2] == N and ws.is_contiguous()
     block = 1024
     _splitk_reduce_kernel[(triton.cdiv(M * N, block),)](ws, bias if bias is not None else out, out, M, N,
-                                                        out.stride(0), out.stride(1), HAS_BIAS=bias is not None,
-                                                        SPLIT_K=splits, BLOCK=block, **pdl(out))
+                                                        ws.stride(0), out.stride(0), out.stride(1),
+                                                        HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK=block,
+                                                        **pdl(out))
 
 
 CPU_BLOCK_M = 16  # the CPU path's fixed row tile: torch's CPU fp32 matmul reads M

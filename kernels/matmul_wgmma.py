@@ -18,6 +18,11 @@ MMA computes the tile transposed, w's rows as its 64-row side), 16-64 rows of a 
 columns; the fp32 accumulators stay in registers: two (the running total and the chunk's) where K is cut
 into chunks — at most 128 columns — and one where K is whole. sm_90 only; the caller checks `applies`
 and `tile_fits`.
+
+The partition's parallel form runs here too (`split`): each (tile, chunk) is a unit of work whose one
+accumulator's fp32 sum TMA stores to a workspace, and `matmul.combine_splits` adds the chunk sums in
+order, as after the Triton kernel's parallel form: the same operations again. A persistent program runs
+its units in turn, chunk-major, the ring running on from one unit's K blocks into the next one's.
 """
 from __future__ import annotations
 
@@ -53,6 +58,20 @@ if HAS_GLUON:
         return pid_m * BLOCK_M, pid_n * BLOCK_N
 
     @gluon.jit
+    def _unit_offsets(unit, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+                      SPLITS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr):
+        """Work unit `unit`'s first row and column, its chunk and its first K block. With SPLITS = 1 a unit is a
+        tile (all of K); else one chunk of a tile, chunk-major (the programs at work together share a chunk's
+        columns of x and of w)."""
+        if SPLITS == 1:
+            chunk = unit * 0
+        else:
+            chunk = unit // (gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N))
+        off_m, off_n = _tile_offsets(unit - chunk * (gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)), M, N, BLOCK_M,
+                                     BLOCK_N, GROUP_M)
+        return off_m, off_n, chunk, chunk * CHUNK_BLOCKS
+
+    @gluon.jit
     def _issue_load(i, off_m, off_n, kb, a_desc, b_desc, bars, a_bufs, b_bufs, NUM_BUFFERS: gl.constexpr, pred):
         """TMA copies of K block `kb` of the tile at (off_m, off_n), the x rows and the w rows, into ring slot
         i % NUM_BUFFERS (`i`: the blocks the program loaded before this one)."""
@@ -72,37 +91,39 @@ if HAS_GLUON:
                              is_async=True)
 
     @gluon.jit
-    def _mma_and_refill(i, j, acc, use_acc, a_desc, b_desc, off_m, off_n, next_m, next_n, num_loads, bars, a_bufs,
-                        b_bufs, NUM_BUFFERS: gl.constexpr, NUM_K: gl.constexpr):
-        """Issue the program's K block i (block j of its tile) onto the MMA in flight (the hardware keeps their
-        order), wait until at most it is outstanding (block i - 1's MMA is done: its slot is free), and load the
-        block that slot takes: block j + NUM_BUFFERS - 1 of this tile or, past its end, of the program's next
-        tile at (next_m, next_n) (the ring runs on from one tile into the next; NUM_BUFFERS <= NUM_K + 1 keeps
-        it within that one), while the program has blocks left (`num_loads` in all)."""
+    def _mma_and_refill(i, j, acc, use_acc, a_desc, b_desc, off_m, off_n, k0, next_m, next_n, next_k0, num_loads,
+                        bars, a_bufs, b_bufs, NUM_BUFFERS: gl.constexpr, NUM_K: gl.constexpr):
+        """Issue the program's K block i (block j of its unit: a tile, or one chunk of a tile, whose K blocks
+        start at block k0) onto the MMA in flight (the hardware keeps their order), wait until at most it is
+        outstanding (block i - 1's MMA is done: its slot is free), and load the block that slot takes: block
+        j + NUM_BUFFERS - 1 of this unit or, past its end, of the program's next unit at (next_m, next_n,
+        next_k0) (the ring runs on from one unit into the next; NUM_BUFFERS <= NUM_K + 1 keeps it within that
+        one), while the program has blocks left (`num_loads` in all)."""
         acc = _block_mma(i, acc, use_acc, bars, a_bufs, b_bufs, NUM_BUFFERS)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         kb = j + NUM_BUFFERS - 1
         here = (kb < NUM_K).to(gl.int32)
+        kb_next = next_k0 + kb - NUM_K
         _issue_load(i + NUM_BUFFERS - 1, next_m + here * (off_m - next_m), next_n + here * (off_n - next_n),
-                    kb - (1 - here) * NUM_K, a_desc, b_desc, bars, a_bufs, b_bufs, NUM_BUFFERS,
+                    kb_next + here * (k0 + kb - kb_next), a_desc, b_desc, bars, a_bufs, b_bufs, NUM_BUFFERS,
                     i + NUM_BUFFERS - 1 < num_loads)
         return acc
 
     @gluon.jit
-    def _chunk_sums(base, a_desc, b_desc, off_m, off_n, next_m, next_n, num_loads, bars, a_bufs, b_bufs,
+    def _chunk_sums(base, a_desc, b_desc, off_m, off_n, k0, next_m, next_n, next_k0, num_loads, bars, a_bufs, b_bufs,
                     layout: gl.constexpr, NUM_CHUNKS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr,
                     NUM_BUFFERS: gl.constexpr):
-        """One tile's chunk sums added in chunk order; its K blocks are the program's blocks `base` on. One
-        accumulator serves every chunk: a chunk's end waits for its MMAs before the next chunk's first one
-        overwrites it. (Two chunk accumulators in turn, to overlap that wait, need a third 128 x 128 fp32 tile
-        in registers: measured, it spilled and ran 3-4x slower.)"""
+        """One unit's chunk sums added in chunk order; its K blocks (from block k0) are the program's blocks
+        `base` on. One accumulator serves every chunk: a chunk's end waits for its MMAs before the next chunk's
+        first one overwrites it. (Two chunk accumulators in turn, to overlap that wait, need a third 128 x 128
+        fp32 tile in registers: measured, it spilled and ran 3-4x slower.)"""
         NUM_K: gl.constexpr = NUM_CHUNKS * CHUNK_BLOCKS
         shape: gl.constexpr = (a_desc.block_type.shape[0], b_desc.block_type.shape[0])
         acc = gl.zeros(shape, dtype=gl.float32, layout=layout)
-        if NUM_CHUNKS == 1:  # K whole: one accumulator, no running total held beside it
+        if NUM_CHUNKS == 1:  # K whole, or one chunk a unit: one accumulator, no running total held beside it
             for i in range(NUM_K):
-                acc = _mma_and_refill(base + i, i, acc, i != 0, a_desc, b_desc, off_m, off_n, next_m, next_n,
-                                      num_loads, bars, a_bufs, b_bufs, NUM_BUFFERS, NUM_K)
+                acc = _mma_and_refill(base + i, i, acc, i != 0, a_desc, b_desc, off_m, off_n, k0, next_m, next_n,
+                                      next_k0, num_loads, bars, a_bufs, b_bufs, NUM_BUFFERS, NUM_K)
             return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         total = acc
         for i in range(NUM_K):
@@ -113,8 +134,8 @@ if HAS_GLUON:
                     total = acc
                 else:
                     total = total + acc
-            acc = _mma_and_refill(base + i, i, acc, j != 0, a_desc, b_desc, off_m, off_n, next_m, next_n,
-                                  num_loads, bars, a_bufs, b_bufs, NUM_BUFFERS, NUM_K)  # a chunk starts from zero
+            acc = _mma_and_refill(base + i, i, acc, j != 0, a_desc, b_desc, off_m, off_n, k0, next_m, next_n,
+                                  next_k0, num_loads, bars, a_bufs, b_bufs, NUM_BUFFERS, NUM_K)  # a chunk from zero
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         return total + acc
 
@@ -140,45 +161,49 @@ if HAS_GLUON:
         gl.store(ptrs, vals, mask=(gl.expand_dims(cols, 1) < M) & (gl.expand_dims(rows, 0) < N))
 
     @gluon.jit
-    def _chunked_wgmma_kernel(a_desc, b_desc, c_desc, out_ptr, bias_ptr, M, N, stride_om, HAS_BIAS: gl.constexpr,
-                              NUM_CHUNKS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr,
-                              NUM_BUFFERS: gl.constexpr, SWAP: gl.constexpr, PDL: gl.constexpr,
-                              num_warps: gl.constexpr):
-        """Output tiles program_id, program_id + num_programs, ... (one tile a program, or, persistent, a few
-        in turn, the ring running on across them): acc = A rows x B rows^T. A is x and B is w; with SWAP, A
-        is w and B is x (M and N are then the output's N and M), so a few x rows ride in the MMA's N slot
-        (8-256) instead of filling most of a 64-row one, and the tile is stored transposed."""
+    def _chunked_wgmma_kernel(a_desc, b_desc, c_desc, out_ptr, bias_ptr, M, N, stride_om, ws_rows,
+                              HAS_BIAS: gl.constexpr, NUM_CHUNKS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr,
+                              GROUP_M: gl.constexpr, NUM_BUFFERS: gl.constexpr, SWAP: gl.constexpr,
+                              SPLITS: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
+        """Work units program_id, program_id + num_programs, ... (one unit a program, or, persistent, a few in
+        turn, the ring running on across them): acc = A rows x B rows^T. A is x and B is w; with SWAP, A is w
+        and B is x (M and N are then the output's N and M), so a few x rows ride in the MMA's N slot (8-256)
+        instead of filling most of a 64-row one, and the tile is stored transposed. A unit is an output tile
+        (its NUM_CHUNKS chunk sums added in order), or with SPLITS > 1 (the parallel form) one chunk of one:
+        its fp32 sum is stored to rows chunk * ws_rows + the tile's rows of the workspace `c_desc` describes,
+        which `matmul.combine_splits` adds in chunk order."""
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-        NUM_K: gl.constexpr = NUM_CHUNKS * CHUNK_BLOCKS  # every chunk whole: past K, TMA reads zeros
+        NUM_K: gl.constexpr = NUM_CHUNKS * CHUNK_BLOCKS  # a unit's K blocks; every chunk whole: past K, TMA reads 0
         if PDL:  # matmul's pdl_enter: wait for the predecessor, release the successor
             gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                                       pack=1)
             gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                       is_pure=False, pack=1)
         pid = gl.program_id(0)
-        num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
-        my_tiles = (num_tiles - pid + gl.num_programs(0) - 1) // gl.num_programs(0)
-        num_loads = my_tiles * NUM_K
+        num_units = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N) * SPLITS
+        my_units = (num_units - pid + gl.num_programs(0) - 1) // gl.num_programs(0)
+        num_loads = my_units * NUM_K
 
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_BUFFERS] + a_desc.block_type.shape, a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_BUFFERS] + b_desc.block_type.shape, b_desc.layout)
         bars = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(NUM_BUFFERS):
             mbarrier.init(bars.index(s), count=1)
-        if not SWAP:  # the tile's TMA store buffer; a tile's store runs on under the next tile's MMAs
+        if not SWAP:  # the tile's TMA store buffer; a tile's store runs on under the next unit's MMAs
             c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
 
         layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
-        off_m, off_n = _tile_offsets(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m, off_n, chunk, k0 = _unit_offsets(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M, SPLITS, CHUNK_BLOCKS)
         for i in gl.static_range(NUM_BUFFERS - 1):  # the ring's first blocks (NUM_BUFFERS <= NUM_K + 1)
-            _issue_load(i, off_m, off_n, i, a_desc, b_desc, bars, a_bufs, b_bufs, NUM_BUFFERS, i < num_loads)
-        for t in range(my_tiles):
-            # the program's next tile (past its last one the loads are predicated off)
-            next_m, next_n = _tile_offsets(pid + (t + 1) * gl.num_programs(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            total = _chunk_sums(t * NUM_K, a_desc, b_desc, off_m, off_n, next_m, next_n, num_loads, bars, a_bufs,
-                                b_bufs, layout, NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS)
+            _issue_load(i, off_m, off_n, k0 + i, a_desc, b_desc, bars, a_bufs, b_bufs, NUM_BUFFERS, i < num_loads)
+        for t in range(my_units):
+            # the program's next unit (past its last one the loads are predicated off)
+            next_m, next_n, next_chunk, next_k0 = _unit_offsets(pid + (t + 1) * gl.num_programs(0), M, N, BLOCK_M,
+                                                                BLOCK_N, GROUP_M, SPLITS, CHUNK_BLOCKS)
+            total = _chunk_sums(t * NUM_K, a_desc, b_desc, off_m, off_n, k0, next_m, next_n, next_k0, num_loads,
+                                bars, a_bufs, b_bufs, layout, NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS)
             if SWAP:
                 _store_swapped(total, off_m, off_n, out_ptr, bias_ptr, M, N, stride_om, HAS_BIAS, layout, num_warps)
             else:
@@ -189,9 +214,12 @@ if HAS_GLUON:
                 tma.store_wait(pendings=0)  # the previous tile's store has read the buffer
                 c_smem.store(total.to(c_desc.dtype))
                 fence_async_shared()
-                tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)  # rows past M are clipped
+                # rows past M are clipped (a chunk's slice of the workspace is whole tiles: ws_rows)
+                tma.async_copy_shared_to_global(c_desc, [chunk * ws_rows + off_m, off_n], c_smem)
             off_m = next_m
             off_n = next_n
+            chunk = next_chunk
+            k0 = next_k0
         if not SWAP:
             tma.store_wait(pendings=0)
         for s in gl.static_range(NUM_BUFFERS):
@@ -268,16 +296,18 @@ def _resident_ctas(compiled: Any, num_warps: int) -> int:
 
 def linear_wgmma(x: Any, w: Any, bias: Any = None, *, chunk: int, block_k: int = 64, group_m: int = 8,
                  num_buffers: int = 4, pdl: bool = False, block_m: int = 128, block_n: int = 128,
-                 swap_ab: bool = False, persistent: bool = False, programs: int = 0) -> Any:
+                 swap_ab: bool = False, persistent: bool = False, programs: int = 0, split: bool = False) -> Any:
     """`x @ w.T + bias` under `linear`'s K partition `chunk` (a multiple of `block_k`), in `block_m` x
     `block_n` output tiles (`tile_fits`) with warpgroup MMAs: the same fp32 operations, so the same bits,
     as `linear` at any schedule. With `swap_ab` each MMA computes the tile transposed (w's rows as its A
     operand, x's as its B: a decode batch of 16-64 rows does not pad out a 64-row MMA). The ring holds
     `num_buffers` K blocks, fewer where shared memory ends. `persistent` launches only as many programs as
-    the multiprocessors hold at once, each running every so-many-th tile in turn: the ring runs on from one
-    tile into the next (its first blocks load under the last MMAs of the one before) and a tile's store
-    under the next tile's MMAs (`programs`, where positive, caps the programs instead: tests). The tiles'
-    arithmetic is unchanged."""
+    the multiprocessors hold at once, each running every so-many-th unit in turn: the ring runs on from one
+    unit into the next (its first blocks load under the last MMAs of the one before) and a unit's store
+    under the next one's MMAs (`programs`, where positive, caps the programs instead: tests). `split` is the
+    partition's parallel form (where K is cut): each (tile, chunk) a unit whose fp32 sum goes to a workspace,
+    the sums then added in chunk order by `matmul.combine_splits`, as `linear(parallel=True)` does. The
+    tiles' arithmetic is unchanged."""
     import torch
     import triton
 
@@ -285,37 +315,53 @@ def linear_wgmma(x: Any, w: Any, bias: Any = None, *, chunk: int, block_k: int =
     N = w.shape[0]
     assert chunk % block_k == 0, f"chunk {chunk} must be whole BLOCK_K {block_k} blocks"
     chunk = min(chunk, -(-K // block_k) * block_k)
-    assert tile_fits(block_m, block_n, chunk < K, swap_ab), \
-        f"no warpgroup tile {block_m} x {block_n} (chunk {chunk}, K {K}, swap_ab {swap_ab})"
+    splits = triton.cdiv(K, chunk) if split else 1
+    assert splits == 1 or not swap_ab, "the parallel form stores whole tiles: no swapped tiles"
+    assert splits == 1 or (N * 4) % 16 == 0, "the workspace's fp32 rows must be 16-byte aligned for TMA"
+    assert tile_fits(block_m, block_n, chunk < K and splits == 1, swap_ab), \
+        f"no warpgroup tile {block_m} x {block_n} (chunk {chunk}, K {K}, swap_ab {swap_ab}, split {split})"
     stage = (block_m + block_n) * block_k * x.element_size()
-    c_tile = 0 if swap_ab else block_m * block_n * x.element_size()  # the swapped tile is stored from registers
-    # no deeper than a tile's K blocks and one (the kernel's refills reach into the next tile only)
-    num_buffers = min(num_buffers, (SMEM_BYTES - 1024 - c_tile) // stage, -(-K // block_k) + 1)
+    # the swapped tile is stored from registers; a chunk's sum is stored in fp32
+    c_tile = 0 if swap_ab else block_m * block_n * (4 if splits > 1 else x.element_size())
+    # no deeper than a unit's K blocks and one (the kernel's refills reach into the next unit only)
+    unit_blocks = chunk // block_k if splits > 1 else -(-K // block_k)
+    num_buffers = min(num_buffers, (SMEM_BYTES - 1024 - c_tile) // stage, unit_blocks + 1)
     assert num_buffers >= 2, "a slot for the MMA in flight and one loading"
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0:
         return out
     dt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
 
-    def desc(t: Any, rows: int, cols: int) -> Any:
-        return TensorDescriptor.from_tensor(t, [rows, cols], _smem_layout(rows, cols, dt))
+    def desc(t: Any, rows: int, cols: int, dtype: Any = dt) -> Any:
+        return TensorDescriptor.from_tensor(t, [rows, cols], _smem_layout(rows, cols, dtype))
 
     x_desc, w_desc = desc(x, block_m, block_k), desc(w, block_n, block_k)
     a_desc, b_desc = (w_desc, x_desc) if swap_ab else (x_desc, w_desc)
-    c_desc = b_desc if swap_ab else desc(out, block_m, block_n)  # (unused when swapped)
     rows_a, rows_b = (N, M) if swap_ab else (M, N)
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
+    ws_rows, ws = 0, None
+    if splits > 1:  # each chunk's slice whole tiles tall, so that no tile's store reaches the next slice
+        ws_rows = triton.cdiv(M, block_m) * block_m
+        ws = torch.empty((splits, ws_rows, N), dtype=torch.float32, device=x.device)
+        c_desc = desc(ws.view(splits * ws_rows, N), block_m, block_n, gl.float32)
+    else:
+        c_desc = b_desc if swap_ab else desc(out, block_m, block_n)  # (unused when swapped)
     num_warps = (block_n if swap_ab else block_m) // 16
-    args = (a_desc, b_desc, c_desc, out, bias if bias is not None else out, rows_a, rows_b, out.stride(0))
-    meta = dict(HAS_BIAS=bias is not None, NUM_CHUNKS=triton.cdiv(K, chunk), CHUNK_BLOCKS=chunk // block_k,
-                GROUP_M=group_m, NUM_BUFFERS=num_buffers, SWAP=swap_ab, PDL=pdl, num_warps=num_warps)
+    args = (a_desc, b_desc, c_desc, out, bias if bias is not None else out, rows_a, rows_b, out.stride(0), ws_rows)
+    meta = dict(HAS_BIAS=bias is not None and splits == 1, NUM_CHUNKS=1 if splits > 1 else triton.cdiv(K, chunk),
+                CHUNK_BLOCKS=chunk // block_k, GROUP_M=group_m, NUM_BUFFERS=num_buffers, SWAP=swap_ab, SPLITS=splits,
+                PDL=pdl, num_warps=num_warps)
     if pdl:
         meta["launch_pdl"] = True
-    grid = tiles
+    grid = tiles * splits
     if persistent:
         key = (x.device, x.dtype, block_m, block_n, block_k, swap_ab) + tuple(meta.values())
         if key not in _RESIDENT:
             _RESIDENT[key] = _resident_ctas(_chunked_wgmma_kernel.warmup(*args, grid=(1,), **meta), num_warps)
-        grid = min(tiles, programs or _num_sms(x.device) * _RESIDENT[key])
+        grid = min(grid, programs or _num_sms(x.device) * _RESIDENT[key])
     _chunked_wgmma_kernel[(grid,)](*args, **meta)
+    if splits > 1:
+        from detent_rl.kernels.matmul import combine_splits  # (matmul imports this module)
+
+        combine_splits(ws, bias, out)
     return out

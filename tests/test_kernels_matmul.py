@@ -166,12 +166,16 @@ def test_the_schedule_follows_m_and_the_site_while_the_partition_stays():
     """The schedule rules of the matmul program (kernels/programs/matmul.py): K-whole calls of M 33-512
     take the 64 x 64 warpgroup tile (a ring of 4 once its tiles pass two an SM) but narrow outputs at
     M 33-64 (the Triton 16-row tile), wide outputs at M 17-32 the swapped warpgroup tile and at M 257-512
-    the persistent 128 x 128 one of 128-element K blocks; from M = 513 the persistent 128 x 256 tile while
-    those tiles number half the SMs, else that 128 x 128 one; the LM head the persistent 128 x 256 one from
-    M = 65 and not when the schedule does not follow M; a cut K keeps its parallel Triton rows to M = 512 and
-    the warpgroup 128 x 128 tile (one a program) from M = 513. The pinned partition is one value for every M."""
-    from detent_rl.kernels.programs.matmul import (DEEP_WGMMA_P, ROWS16, SMALL_WGMMA, SMALL_WGMMA_RING4, SWAP_WGMMA,
-                                                   TILE_CHOICES, WGMMA_CHOICE, WIDE_WGMMA_P)
+    the persistent 64 x 128 one; from M = 513 the persistent 128 x 256 tile while those tiles number half the
+    SMs, else the persistent 128 x 128 one of 128-element K blocks, and to M = 2,048 the persistent 64 x 128
+    tile on outputs 256-column tiles do not divide; the LM head the persistent 128 x 256 one from M = 65 and
+    not when the schedule does not follow M; a cut K keeps its parallel Triton rows to M = 64, runs its
+    parallel form in the warpgroup kernel at M 65-512 (64 x 64 tiles, then persistent 128 x 128 ones) and the
+    warpgroup 128 x 128 tile (one a program, chunks in sequence) from M = 513. The pinned partition is one
+    value for every M."""
+    from detent_rl.kernels.programs.matmul import (DEEP_WGMMA_P, MID_WGMMA_P, ROWS16, SMALL_WGMMA,
+                                                   SMALL_WGMMA_RING4, SPLIT_WGMMA_SMALL, SPLIT_WGMMA_WIDE,
+                                                   SWAP_WGMMA, TILE_CHOICES, WGMMA_CHOICE, WIDE_WGMMA_P)
 
     def tile(sel, m):
         s = sel(m)
@@ -180,14 +184,17 @@ def test_the_schedule_follows_m_and_the_site_while_the_partition_stays():
     def row(r):
         return (r.block_m, r.block_n, r.wgmma, r.num_stages, r.block_k, r.persistent)
 
-    small, wide, deep_p = row(SMALL_WGMMA), row(WIDE_WGMMA_P), row(DEEP_WGMMA_P)
+    small, wide, deep_p, mid_p = row(SMALL_WGMMA), row(WIDE_WGMMA_P), row(DEEP_WGMMA_P), row(MID_WGMMA_P)
     ring4, rows16 = row(SMALL_WGMMA_RING4), row(ROWS16)
     _, qkv = _selectors(1152, 896)
     assert [tile(qkv, m)[2] for m in (1, 32)] == [False, False] and not any(qkv(m).tile_swap_ab for m in (17, 32))
     assert all(tile(qkv, m) == rows16 for m in (33, 64)), [tile(qkv, m) for m in (33, 64)]  # 18 tiles: Triton rows
     assert all(tile(qkv, m) == small for m in (65, 128, 300, 512)), [tile(qkv, m) for m in (65, 128, 300, 512)]
-    assert tile(qkv, 513) == deep_p and tile(qkv, 1664) == deep_p  # 25 and 65 tiles of 128 x 256: under 66
-    assert tile(qkv, 1665) == wide and tile(qkv, 8192) == wide  # 70 and 320 of them
+    assert tile(qkv, 513) == mid_p and tile(qkv, 2048) == mid_p  # 1,152 columns: 4.5 tiles of 256
+    assert tile(qkv, 2049) == wide and tile(qkv, 8192) == wide  # 85 and 320 tiles of 128 x 256
+    _, qkv15 = _selectors(2048, 1536)
+    assert tile(qkv15, 513) == deep_p and tile(qkv15, 1024) == deep_p  # 40 and 64 tiles of 128 x 256: under 66
+    assert tile(qkv15, 2048) == wide
     _, gate_up = _selectors(9728, 896)
     assert not gate_up(16).tile_swap_ab and not gate_up(16).tile_wgmma  # M <= 16: the Triton 16-row tile
     assert all(gate_up(m).tile_swap_ab and tile(gate_up, m)[:3] == (SWAP_WGMMA.block_m, SWAP_WGMMA.block_n, True)
@@ -195,7 +202,8 @@ def test_the_schedule_follows_m_and_the_site_while_the_partition_stays():
     assert tile(gate_up, 33) == small and tile(gate_up, 64) == small and not gate_up(64).tile_swap_ab
     assert tile(gate_up, 128) == ring4 != small  # 304 tiles: a ring of 4
     assert tile(gate_up, 256)[:3] == (64, 128, False)  # 608 tiles: the Triton 64 x 128 tile
-    assert tile(gate_up, 257) == deep_p and tile(gate_up, 512) == deep_p and tile(gate_up, 2048) == wide
+    assert tile(gate_up, 257) == mid_p and tile(gate_up, 512) == mid_p and tile(gate_up, 2048) == wide
+    assert not any(gate_up(m).tile_parallel for m in (1, 128, 512))  # K whole: nothing to run in parallel
     solution = solve(matmul_program, QWEN2_05B.facts("matmul", {"n": 151936, "k": 896}))
     head, head_one = solution.commit(), solution.commit(knobs={"schedule_by_m": False})
     assert [tile(head, m)[2] for m in (1, 64)] == [False, False]
@@ -205,6 +213,9 @@ def test_the_schedule_follows_m_and_the_site_while_the_partition_stays():
     cut = solve(matmul_program, QWEN2_05B.facts("matmul", {"n": 896, "k": 4864})).commit(pins={"chunk": 640})
     big = row(TILE_CHOICES[2048][WGMMA_CHOICE])
     assert tile(cut, 513) == big and tile(cut, 8192) == big
-    assert not any(cut(m).tile_wgmma for m in (1, 64, 512))  # a cut K below M 513: the parallel chunks
+    assert not any(cut(m).tile_wgmma for m in (1, 32, 64)) and all(cut(m).tile_parallel for m in (1, 32, 64))
+    assert all(tile(cut, m) == row(SPLIT_WGMMA_SMALL) and cut(m).tile_parallel for m in (65, 128))
+    assert all(tile(cut, m) == row(SPLIT_WGMMA_WIDE) and cut(m).tile_parallel for m in (129, 256, 512))
+    assert not cut(513).tile_parallel
     for sel in (qkv, gate_up, head, down, cut):
         assert len({sel(m).chunk for m in (1, 33, 65, 300, 513, 4096)}) == 1

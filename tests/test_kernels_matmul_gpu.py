@@ -146,6 +146,36 @@ def test_wgmma_sequential_form_keeps_the_bits(n, k, bias):
     assert not torch.equal(outs[128], outs[1 << 20]), "control: another partition must round differently"
 
 
+@pytest.mark.parametrize("n, k, bias", SITES[:4] + SITES[8:9], ids=[f"{k}to{n}" for n, k, _ in SITES[:4] + SITES[8:9]])
+def test_wgmma_parallel_form_keeps_the_bits(n, k, bias):
+    """`linear(parallel=True, wgmma=True)` where K is cut: each (tile, chunk) a program of the warpgroup
+    kernel (`split`), its fp32 sum stored by TMA to a workspace whose chunk slices are whole tiles tall, the
+    sums then added in chunk order (`combine_splits`). Rows equal the Triton kernel's of the same partition
+    at ragged M, for tiles of 64 and 128 rows, one unit a program or persistent (7 programs: each several
+    units, chunks of several tiles); control: another partition rounds differently."""
+    from detent_rl.kernels.matmul_wgmma import applies, linear_wgmma
+    x, w, b = _data(n, k, bias, torch.bfloat16, 1000)
+    if not applies(x, w, 64):
+        pytest.skip("warpgroup MMAs need an sm_90 GPU and Triton's Gluon")
+    bad, outs = [], {}
+    for chunk in (128, 640):
+        ref = linear(x, w, b, chunk=chunk, parallel=True, block_m=16, block_n=64, block_k=64)
+        for bm, bn, ring in ((64, 64, 4), (64, 128, 4), (128, 128, 3), (128, 256, 3)):
+            for m in (1, 77, 300, x.shape[0]):
+                for persistent, programs in ((False, 0), (True, 0), (True, 7)):
+                    got = linear_wgmma(x[:m], w, b, chunk=chunk, block_k=64, num_buffers=ring, block_m=bm,
+                                       block_n=bn, persistent=persistent, programs=programs, split=True)
+                    if not torch.equal(got, ref[:m]):
+                        bad.append(f"chunk {chunk} ({bm}x{bn}, ring {ring}, persistent {persistent} {programs}) "
+                                   f"M={m}: {int((got != ref[:m]).sum())} outputs differ")
+        via = linear(x[:77], w, b, chunk=chunk, parallel=True, block_m=64, block_n=128, block_k=64, wgmma=True)
+        if not torch.equal(via, ref[:77]):
+            bad.append(f"chunk {chunk}: linear(parallel=True, wgmma=True) differs")
+        outs[chunk] = ref
+    assert not bad, "the warpgroup kernel's parallel form changed rows:\n" + "\n".join(bad)
+    assert not torch.equal(outs[128], outs[640]), "control: another partition must round differently"
+
+
 @pytest.mark.parametrize("n, k", [(896, 4864), (1536, 1536), (1536, 8960)], ids=["down05", "o15", "down15"])
 def test_rank_partials_folded_in_order_are_the_one_gpu_linear(n, k):
     """TP-invariant mode's row-parallel sum (models/parallel.py): K cut in two; each half's unrounded fp32

@@ -57,17 +57,22 @@ ROWS16 = _s(False, 16, 64, 128, 1, 4, 4)  # the 32 bucket's sequential Triton ti
 DEEP_WGMMA_P = _s(False, 128, 128, 128, 8, 8, 3, wgmma=True, persistent=True)
 # K whole only (one fp32 tile in registers); choice 4 was this tile one a program, retired in session 18
 WIDE_WGMMA_P = _s(False, 128, 256, 64, 8, 8, 3, wgmma=True, persistent=True)
+# where K is cut, the chunks in parallel programs of the warpgroup kernel (`split`: TMA loads, each chunk's fp32 sum
+# stored whole-tile to the workspace the parallel form adds in order); K whole, the same tiles run in sequence
+SPLIT_WGMMA_SMALL = _s(True, 64, 64, 64, 8, 4, 6, wgmma=True)
+SPLIT_WGMMA_WIDE = _s(True, 128, 128, 64, 8, 8, 4, wgmma=True, persistent=True)
+MID_WGMMA_P = _s(False, 64, 128, 64, 8, 4, 4, wgmma=True, persistent=True)  # 64 x 128, a few tiles a program
 TILE_CHOICES = {  # per bucket, choice index -> schedule (an index keeps its meaning in every bucket it is in)
     32: {0: _s(True, 16, 64, 128, 1, 4, 4), 1: _s(True, 16, 32, 128, 1, 4, 4), 2: ROWS16, 6: SWAP_WGMMA},
     128: {0: _s(True, 64, 64, 64, 4, 4, 3), 1: _s(True, 32, 64, 64, 4, 4, 4), 2: _s(False, 64, 128, 64, 8, 4, 3),
-          3: SMALL_WGMMA, 5: SMALL_WGMMA_RING4, 7: ROWS16},
+          3: SMALL_WGMMA, 5: SMALL_WGMMA_RING4, 7: ROWS16, 10: SPLIT_WGMMA_SMALL},
     512: {0: _s(True, 64, 128, 64, 8, 4, 3), 1: _s(True, 64, 64, 64, 8, 4, 4), 2: _s(False, 128, 128, 64, 8, 8, 3),
-          3: SMALL_WGMMA, 5: SMALL_WGMMA_RING4, 8: DEEP_WGMMA_P, 9: WIDE_WGMMA_P},
+          3: SMALL_WGMMA, 5: SMALL_WGMMA_RING4, 8: DEEP_WGMMA_P, 9: WIDE_WGMMA_P, 10: SPLIT_WGMMA_WIDE,
+          11: MID_WGMMA_P},
     2048: {0: _s(False, 128, 128, 64, 8, 8, 3), 1: _s(False, 128, 256, 64, 8, 8, 3), 2: _s(False, 64, 128, 64, 8, 4, 3),
-           3: _s(False, 128, 128, 64, 8, 8, 4, wgmma=True), 8: DEEP_WGMMA_P, 9: WIDE_WGMMA_P},
+           3: _s(False, 128, 128, 64, 8, 8, 4, wgmma=True), 8: DEEP_WGMMA_P, 9: WIDE_WGMMA_P, 11: MID_WGMMA_P},
     8192: {0: _s(False, 128, 256, 64, 8, 8, 3), 1: _s(False, 128, 128, 64, 8, 8, 3),
-           2: _s(False, 128, 128, 32, 8, 8, 3), 3: _s(False, 128, 128, 64, 8, 8, 4, wgmma=True), 8: DEEP_WGMMA_P,
-           9: WIDE_WGMMA_P},
+           3: _s(False, 128, 128, 64, 8, 8, 4, wgmma=True), 8: DEEP_WGMMA_P, 9: WIDE_WGMMA_P},
 }
 # From M = 513 a site whose K is cut into chunks (K > N: the down projections) runs the chunks in
 # sequence by hand-issued warpgroup MMAs (choice 3; the Triton tile where that does not apply): at
@@ -105,6 +110,17 @@ SWAP_WGMMA_CHOICE, ROWS16_CHOICE = 6, 7
 # tiles: 1.09-1.20x), qkv 1.44 / 1.26x (1.46 / 1.40x), gate_up at 512 1.26x (1.34x). The cut K (down) keeps
 # choice 3: K blocks of 128 ran it no faster (33.3 against 33.2 us at M = 2,048).
 DEEP_WGMMA_P_CHOICE, WIDE_WGMMA_P_CHOICE = 8, 9
+# A cut K at M 65-512 (the down projections at a GRPO batch's decode width): the parallel form in the warpgroup
+# kernel (choice 10: 64 x 64 tiles, a ring of 6, at M 65-128; persistent 128 x 128 tiles, a ring of 4, at 129-512)
+# while its units (tiles x chunks) number at least half the SMs. H200, bench/gemm_wgmma_probe.py (session 24,
+# docs/BENCHMARKS.md), 0.5B down (chunk 640) at M = 128 / 256 / 512: 9.1 / 12.2 / 18.4 us against the parallel
+# Triton rows' ~9.7 / 12.3 / 21.6 (cuBLAS 8.5 / 10.8 / 11.0); 1.5B down (chunk 1,792) at 128 / 256: 14.2 / 20.1
+# (cuBLAS 13.2 / 19.1). K whole, the persistent 64 x 128 tile of 64-element K blocks (choice 11) where choice 8 ran
+# before at M 257-512 (the 0.5B gate_up at 512: 18.3 against 20.0 us, cuBLAS 16.0), and from M = 513 to 2,048 on
+# outputs that 256-column tiles do not divide (the 0.5B qkv, 1,152 wide, at 2,048: 12.1 against 13.0-14.1).
+SPLIT_WGMMA_CHOICE, MID_WGMMA_P_CHOICE = 10, 11
+assert (SPLIT_WGMMA_SMALL.block_m, SPLIT_WGMMA_SMALL.block_n, SPLIT_WGMMA_WIDE.block_m, SPLIT_WGMMA_WIDE.block_n) == \
+    (64, 64, 128, 128), "the program's unit count below assumes these tiles"
 SMALL_TILES_PER_SM = 3
 VOCAB_N = 65536
 SCHEDULES = {bucket: choices[0] for bucket, choices in TILE_CHOICES.items()}  # the defaults
@@ -139,11 +155,14 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
     by_m = knob("schedule_by_m", (True, False), True)
     t32 = knob("tile_32", (0, 1, 2, 6), 0)  # each bucket's TILE_CHOICES keys
     t128 = knob("tile_128", (0, 1, 2, 3, 5, 7), 0)
-    # (rows the rules reach that no knob names: 9 in the 512 bucket; 3 from 2048, the cut K's default, which
-    # choice 0 reaches; the knobs' product times the tile key's values stays small enough to enumerate)
+    # (rows the rules reach that no knob names: 9, 10 and 11 in the 512 bucket, 10 in the 128 one, 11 in the 2048
+    # one; 3 from 2048, the cut K's default, which choice 0 reaches. The knobs' product times the tile key's values
+    # stays small enough to enumerate (selir.vra.MAX_ASSIGNMENTS; tests/test_selection_programs.py enumerates the
+    # program without its schedule declaration): for rows 10 and 11, the 8192 bucket's 128 x 128 Triton tile of
+    # 32-element K blocks (choice 2, never tuned in) left the table)
     t512 = knob("tile_512", (0, 1, 2, 3, 5, 8), 0)
     t2048 = knob("tile_2048", (0, 1, 2, 8, 9), 0)
-    t8192 = knob("tile_8192", (0, 1, 2, 8, 9), 0)
+    t8192 = knob("tile_8192", (0, 1, 8, 9), 0)
     bucket = gemm_bucket(m) if by_m else 8192
     natural = bucket
     if n >= WIDE_N and bucket < 512:
@@ -177,7 +196,12 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
         if small_tiles > 2 * num_sms:  # many tiles: a shorter ring lets more CTAs share a multiprocessor
             choice = SMALL_WGMMA_RING4_CHOICE
     if choice == 0 and chunk >= k and bucket == 512 and m > 256 and dtype_bytes == 2:
-        choice = DEEP_WGMMA_P_CHOICE  # (the small tiles' rule above took the narrower outputs)
+        choice = MID_WGMMA_P_CHOICE  # (the small tiles' rule above took the narrower outputs)
+    split_tile = 64 if bucket == 128 else 128  # the square tiles of SPLIT_WGMMA_SMALL and SPLIT_WGMMA_WIDE
+    split_units = (m + split_tile - 1) // split_tile * ((n + split_tile - 1) // split_tile) * ((k + chunk - 1) // chunk)
+    if (choice == 0 and chunk < k and dtype_bytes == 2 and bucket in (128, 512) and natural == bucket and m > 64
+            and split_units * FILL_SHARE >= num_sms):
+        choice = SPLIT_WGMMA_CHOICE
     if bucket == 512 and choice == 0 and tiles * ((k + chunk - 1) // chunk) * FILL_SHARE < num_sms:
         choice = 1
     if bucket >= 2048 and choice == 0 and k > n:
@@ -185,6 +209,8 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
     if by_m and bucket >= 2048 and choice == 0 and chunk >= k and dtype_bytes == 2:  # (reads M)
         wide_tiles = (m + 127) // 128 * ((n + 255) // 256)
         choice = WIDE_WGMMA_P_CHOICE if wide_tiles * 2 >= num_sms else DEEP_WGMMA_P_CHOICE
+        if bucket == 2048 and n % 256 != 0:
+            choice = MID_WGMMA_P_CHOICE
     row = TILES[bucket * 8 + choice]
     # as Triton's autotuner prunes: no more pipeline stages than shared memory holds (fp32 tiles are twice
     # the bytes of the bf16 ones the table was written for)
