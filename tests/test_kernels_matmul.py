@@ -141,6 +141,17 @@ for dtype in (torch.float32, torch.bfloat16):
         if not torch.equal(linear(x, w, b, chunk=chunk, parallel=False, block_m=16, block_n=32, block_k=32,
                                   flat=True), seq):
             bad.append(("flat", dtype, chunk))
+    # the parallel form's sums in a workspace whose chunk slices are taller than M (the warpgroup kernel's, whole
+    # tiles): the first M rows of each slice added in order; the rows past M (huge here) must not leak in
+    from detent_rl.kernels.matmul import combine_splits
+    ws = torch.randn(3, 8, 72)
+    ws[:, 5:] = 1e30
+    got, tight = torch.empty(5, 72, dtype=dtype), torch.empty(5, 72, dtype=dtype)
+    combine_splits(ws, b, got)
+    combine_splits(ws[:, :5].contiguous(), b, tight)
+    want = (((ws[0, :5] + ws[1, :5]) + ws[2, :5]) + b.float()).to(dtype)
+    if not torch.equal(got, tight) or (dtype == torch.float32 and not torch.equal(got, want)):
+        bad.append(("padded workspace", dtype))
 print("BAD", bad)
 '''
     out = run_interpreted(code)
