@@ -63,8 +63,8 @@ def _tables(spec, g, pins, monkeypatch, plain: bool) -> list:
     return [(pos, list(table.items())) for pos, table in v.groups]
 
 
-# the matmul program over 64 rows (exhaustive points; the product of its pin and tile knobs is 14,400), the
-# second with too little shared memory for fp32's wide tiles: 63,660 assignments rejected, by knob-dependent cases
+# the matmul program over 64 rows (exhaustive points; the product of its pin and tile knobs is 11,520), the
+# second with too little shared memory for fp32's wide tiles: 57,840 assignments rejected, by knob-dependent cases
 SMALL_MATMUL = dict(n=896, k=4864, max_m=64, num_sms=132, smem_bytes=232448, dtype_bytes=2)
 CASES = [(mod.PROGRAM, mod.REFERENCE_FACTS) for mod in (attention, moe, allreduce, custom_allreduce_v2,
                                                           triton_decode, moe_config, fa3)]
@@ -79,7 +79,7 @@ def test_case_splits_reject_exactly_what_the_plain_check_rejects(monkeypatch, pr
     fast = _tables(spec, g, pins, monkeypatch, plain=False)
     assert fast == _tables(spec, g, pins, monkeypatch, plain=True)
     if facts.get("smem_bytes") == 40_000:
-        assert sum(len(t) for _, t in fast) > 60_000  # the case was one with rejections to get right
+        assert sum(len(t) for _, t in fast) > 50_000  # the case was one with rejections to get right
 
 
 @pytest.mark.parametrize("program, facts, split", [(matmul.PROGRAM, SMALL_MATMUL, True),
