@@ -51,24 +51,54 @@ def test_install_provides_no_top_level_kernels_trainer_rollout(tmp_path):
     assert importlib.metadata.distribution("detent-rl").metadata["Name"] == "detent-rl"
 
 
-@pytest.mark.parametrize("where", ["neutral", "repo-root"])
+def _hub_kernels_installed() -> bool:
+    try:
+        importlib.metadata.distribution("kernels")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+# `python -c` puts "" (the working directory) first on sys.path; `python -m` puts its absolute path there.
+_ROOT_ON_PATH = {"-c": "", "-m": "import sys; sys.path.insert(0, {root!r}); "}
+
+
+@pytest.mark.parametrize("where", ["neutral", "repo-root -c", "repo-root -m"])
 def test_transformers_imports_cleanly_beside_us(tmp_path, where):
-    # transformers probes for HuggingFace's `kernels` hub package; ours must never answer that
-    # probe, not even when the repository root is the working directory (`python -m ...`).
-    code = ("import json, detent_rl.kernels, transformers; "
+    # transformers probes for HuggingFace's `kernels` hub package (>= 5.25 requires it and imports it by
+    # name when loading a tokenizer or a model); ours must never answer, not even when the repository
+    # root is the working directory (`python -m detent_rl.train` from the checkout: CI's failure).
+    prefix = _ROOT_ON_PATH[where.split()[-1]].format(root=str(REPO)) if where != "neutral" else ""
+    code = (prefix + "import importlib.util, json, detent_rl.kernels, transformers; "
             "from transformers.utils.import_utils import is_kernels_available; "
             "from transformers import LlamaConfig, LlamaForCausalLM; "
             "m = LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, "
             "num_attention_heads=2, num_key_value_heads=1, vocab_size=64)); "
-            "print(json.dumps({'hub_kernels': is_kernels_available(), 'version': transformers.__version__}))")
-    found = _probe(code, REPO if where == "repo-root" else tmp_path)
-    try:
-        hub = importlib.metadata.distribution("kernels")
-    except importlib.metadata.PackageNotFoundError:
-        hub = None
-    if hub is None:
+            "hub = is_kernels_available(); "
+            "names = __import__('kernels').__dict__ if hub else {}; "
+            "origin = getattr(importlib.util.find_spec('kernels'), 'origin', None); "
+            "print(json.dumps({'hub_kernels': hub, 'origin': origin, 'CUDAProperties': 'CUDAProperties' in names}))")
+    found = _probe(code, REPO if where != "neutral" else tmp_path)
+    origin = found["origin"]
+    assert origin is None or not origin.startswith(str(REPO)), f"top-level `kernels` resolved to our folder: {origin}"
+    if _hub_kernels_installed():
+        assert found["hub_kernels"] is True and found["CUDAProperties"], found
+    else:
         assert found["hub_kernels"] is False, "transformers mistook our kernels folder for the hub package"
 
+
+@pytest.mark.parametrize("flag", ["-c", "-m"])
+def test_the_repo_root_shadows_without_the_guard(flag):
+    # Negative control for the test above: before detent_rl is imported, the root that `python -c` and
+    # `python -m` put on sys.path does answer `import kernels` with our folder; importing detent_rl is
+    # what takes it off.
+    code = (_ROOT_ON_PATH[flag].format(root=str(REPO)) + "import importlib.util, json; "
+            "before = importlib.util.find_spec('kernels').origin; import detent_rl; "
+            "after = getattr(importlib.util.find_spec('kernels'), 'origin', None); "
+            "print(json.dumps({'before': before, 'after': after}))")
+    found = _probe(code, REPO)
+    assert found["before"] == str(REPO / "kernels" / "__init__.py"), found
+    assert found["after"] is None or not found["after"].startswith(str(REPO)), found
 
 
 def _normalise(name: str) -> str:
