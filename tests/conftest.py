@@ -3,6 +3,11 @@ from __future__ import annotations
 
 import pytest
 
+# First, before any test module imports transformers: importing detent_rl takes the checkout's root off
+# sys.path (`python -m pytest` from the root puts it there), where our kernels/ folder would answer
+# transformers' import of HuggingFace's `kernels` hub package (detent_rl/__init__.py).
+import detent_rl  # noqa: F401,E402
+
 
 def _cuda() -> bool:
     try:
