@@ -61,15 +61,17 @@ def check_parallelism(r: "Recipe", ctx: Context) -> None:
 
 
 def check_backend(r: "Recipe", ctx: Context) -> None:
-    """`rollout.backend: sglang`: SGLang 0.5.23 installed, the detent arm (the plugin pins SGLang to the
-    trainer's tuple), one GPU per engine and trainer, no memory release (SGLang's own is not wired)."""
+    """`rollout.backend: sglang`: a supported SGLang installed (0.5.17 or 0.5.23), the detent arm (the plugin
+    pins SGLang to the trainer's tuple), one GPU per engine and trainer, no memory release (SGLang's own is
+    not wired)."""
     ro = r.rollout
     if ro.backend != "sglang":
         return
     import importlib.util
     if importlib.util.find_spec("sglang") is None:
-        raise ctx.error("rollout.backend", "sglang needs SGLang 0.5.23 and its CUDA kernels installed "
-                                           "(pip install 'detent_rl[sglang]' on a CUDA machine); it is not installed")
+        raise ctx.error("rollout.backend", "sglang needs SGLang 0.5.17 or 0.5.23 and its CUDA kernels installed "
+                                           "(pip install 'detent_rl[sglang]' on a CUDA machine); it is not "
+                                           "installed")
     if r.run.arm != "detent":
         raise ctx.error("rollout.backend", f"sglang runs under detent_rl's plugin, which pins it to the detent arm's "
                                            f"tuple; the run's arm is {r.run.arm}")

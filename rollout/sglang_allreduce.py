@@ -16,7 +16,8 @@ from typing import Any, Optional
 import torch
 
 from detent_rl.kernels.programs.sglang import custom_allreduce_v2 as AR
-from detent_rl.rollout.sglang_plugin import _STATE, AR_GRANULE, AR_SITE, SGLangPluginError
+from detent_rl.rollout.sglang_plugin import (_STATE, AR_GRANULE, AR_SITE, TRANSCRIBED_FOR, SGLangPluginError,
+                                             check_version)
 from detent_rl.selir.errors import SelectionError, SelIRError
 from detent_rl.selir.solver import solve
 
@@ -151,3 +152,16 @@ def require_pinned_allreduce(group: Any, input_: torch.Tensor) -> None:
         raise SGLangPluginError(f"group {group.unique_name}: FlashInfer's fused all-reduce is on "
                                 f"(--enable-flashinfer-allreduce-fusion); it runs before the pinned custom "
                                 f"all-reduce")
+
+
+def refuse_untranscribed_allreduce(group: Any, input_: torch.Tensor) -> None:
+    """Before GroupCoordinator.all_reduce on an SGLang whose all-reduce choice was not transcribed (0.5.17's
+    custom all-reduce picks among its algorithms in `_pick_algo`, not the `_pick_config` transcribed from
+    0.5.23): a device all-reduce over more than one rank is refused before it runs. One rank passes."""
+    if group.world_size == 1 or input_.is_cpu:
+        return
+    raise SGLangPluginError(
+        f"group {group.unique_name}: an all-reduce over {group.world_size} ranks on sglang {check_version()}; "
+        f"detent_rl's SGLang plugin pins the tensor-parallel all-reduce on sglang "
+        f"{', '.join(TRANSCRIBED_FOR['allreduce'])} only (its algorithm choice is transcribed from those): "
+        f"run tensor parallelism 1 here, or a release named there")

@@ -56,6 +56,8 @@ HOOKS = ((f"{LINEAR_METHOD}.apply", "pinned_linear", "REPLACE"),
          (f"{ACT}.forward", "pinned_silu_and_mul", "REPLACE"),
          (f"{ROPE}.forward", "pinned_rotary", "REPLACE"),
          (f"{SAMPLER}.__init__", "deterministic_sampler", "AFTER"))
+# Targets a supported SGLang release lacks (0.5.17 has no fused-addend GEMM: nothing there to refuse).
+ABSENT = {"0.5.17": {f"{LINEAR_METHOD}.apply_with_addend"}}
 
 _STATE: dict = {"selections": None, "path": None, "rope": {}}
 
@@ -84,10 +86,12 @@ def pinned() -> bool:
     return _STATE["selections"] is not None
 
 
-def register(registry: Any, hook_type: Any) -> None:
-    """Register the model hooks with SGLang's HookRegistry (called by `sglang_plugin.register`)."""
+def register(registry: Any, hook_type: Any, version: str) -> None:
+    """Register the model hooks with SGLang's HookRegistry (called by `sglang_plugin.register`), those of
+    SGLang `version` (a supported release)."""
     for target, name, kind in HOOKS:
-        registry.register(target, globals()[name], getattr(hook_type, kind))
+        if target not in ABSENT.get(version, ()):
+            registry.register(target, globals()[name], getattr(hook_type, kind))
 
 
 def _selections(what: str) -> KernelSelections:

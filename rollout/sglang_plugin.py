@@ -7,7 +7,11 @@ the hooks registered meanwhile. detent_rl registers `detent = detent_rl.rollout.
 by hand (then `HookRegistry.apply_hooks()`, or `load_plugins()`, patches the classes). Only the SGLang
 versions in SUPPORTED_VERSIONS are accepted: the hook targets and the selection transcriptions
 (`kernels/programs/sglang/`) are checked against those (tests/test_sglang_plugin.py, against the
-real package); another version is refused by name before any hook is registered.
+real package); another version is refused by name before any hook is registered. 0.5.23 is the
+release transcribed; 0.5.17 is the torch-2.11 stack's (its CUDA kernels load beside torch 2.11), where
+the Triton split count, FA3, FlashInfer, the sampler and the model's kernels are pinned as below, and
+the two selections transcribed from 0.5.23 alone (TRANSCRIBED_FOR: the fused-MoE row, the TP
+all-reduce) are refused before their kernels run.
 
 What it pins now:
 
@@ -87,7 +91,15 @@ from detent_rl.kernels.programs.sglang import triton_decode as TD
 from detent_rl.selir.errors import SelectionError, SelIRError
 from detent_rl.selir.solver import solve
 
-SUPPORTED_VERSIONS = ("0.5.23",)
+# 0.5.17: the torch-2.11 stack (its sglang-kernel 0.4.5 loads beside torch 2.11; it needs transformers < 5.13);
+# 0.5.23: the newest release transcribed. Each is checked against its real package (tests/test_sglang_*.py).
+SUPPORTED_VERSIONS = ("0.5.17", "0.5.23")
+# Pins whose selection code was transcribed from one release only (kernels/programs/sglang/): on another
+# supported release the plugin refuses the path (a fused-MoE layer; an all-reduce over more than one rank)
+# before any of its kernels runs. 0.5.17's MoE tables and its custom all-reduce (`_pick_algo`) differ.
+TRANSCRIBED_FOR = {"fused_moe": ("0.5.23",), "allreduce": ("0.5.23",)}
+# The FlashAttention-3 backend's split-count fields (0.5.17 has one for prefill and decode).
+FA3_SPLIT_FIELDS = {"0.5.17": ("num_splits",), "0.5.23": ("num_splits", "decode_num_splits")}
 TRITON_BACKEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend"
 FA3_BACKEND = "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend"
 FLASHINFER_BACKEND = "sglang.srt.layers.attention.flashinfer_backend.FlashInferAttnBackend"
@@ -174,7 +186,7 @@ def backend_selector(facts: dict, tile: int):
 
 
 _STATE: dict = {"registered": False, "model_hooks": False, "tile": None, "moe_pins": None, "moe_path": None,
-                "ar_pins": None}
+                "ar_pins": None, "version": None}
 
 
 def register(commitment: Optional[os.PathLike | str] = None) -> None:
@@ -192,22 +204,27 @@ def register(commitment: Optional[os.PathLike | str] = None) -> None:
     _STATE["ar_pins"] = dict(site.pins) if site is not None else None
     from detent_rl.rollout import sglang_model as M
     if M.configure(path, tuple_) and not _STATE["model_hooks"]:  # the model's kernels: a tuple with a deployment
-        M.register(HookRegistry, HookType)
+        M.register(HookRegistry, HookType, check_version())
         _STATE["model_hooks"] = True
     if _STATE["registered"]:
         return
+    version = _STATE["version"] = check_version()
     HookRegistry.register(f"{TRITON_BACKEND}.__init__", pin_backend, HookType.AFTER)
     HookRegistry.register(f"{FA3_BACKEND}.__init__", pin_fa3_backend, HookType.AFTER)
     HookRegistry.register(f"{FLASHINFER_BACKEND}.__init__", pin_flashinfer_backend, HookType.AROUND)
     HookRegistry.register(f"{TRITON_BACKEND}.get_num_kv_splits", pinned_num_kv_splits, HookType.REPLACE)
-    HookRegistry.register(MOE_CONFIG, pinned_moe_config, HookType.AROUND)
+    moe = pinned_moe_config if version in TRANSCRIBED_FOR["fused_moe"] else untranscribed_moe_config
+    HookRegistry.register(MOE_CONFIG, moe, HookType.AROUND)
     HookRegistry.register(f"{SAMPLING_PARAMS}.verify", require_seed, HookType.AFTER)
     HookRegistry.register(f"{SAMPLING_BATCH}.from_schedule_batch", seeded_batch, HookType.AFTER)
     from detent_rl.rollout import sglang_allreduce as A  # its hooks read this module's constants and state
-    HookRegistry.register(f"{ALLREDUCE}.__init__", A.pin_allreduce, HookType.AFTER)
-    HookRegistry.register(f"{ALLREDUCE}._pick_config", A.pinned_pick_config, HookType.REPLACE)
-    HookRegistry.register(f"{ALLREDUCE}.should_custom_ar", A.pinned_should_custom_ar, HookType.REPLACE)
-    HookRegistry.register(f"{GROUP}.all_reduce", A.require_pinned_allreduce, HookType.BEFORE)
+    if version in TRANSCRIBED_FOR["allreduce"]:
+        HookRegistry.register(f"{ALLREDUCE}.__init__", A.pin_allreduce, HookType.AFTER)
+        HookRegistry.register(f"{ALLREDUCE}._pick_config", A.pinned_pick_config, HookType.REPLACE)
+        HookRegistry.register(f"{ALLREDUCE}.should_custom_ar", A.pinned_should_custom_ar, HookType.REPLACE)
+        HookRegistry.register(f"{GROUP}.all_reduce", A.require_pinned_allreduce, HookType.BEFORE)
+    else:
+        HookRegistry.register(f"{GROUP}.all_reduce", A.refuse_untranscribed_allreduce, HookType.BEFORE)
     _STATE["registered"] = True
 
 
@@ -254,8 +271,8 @@ def pin_fa3_backend(result: Any, backend: Any, *args: Any, **kwargs: Any) -> Non
         raise SGLangPluginError(f"detent_rl's SGLang plugin pins FlashAttention 3's splits; this backend runs "
                                 f"FlashAttention {version}, whose batch invariance it does not set up: use "
                                 f"--attention-backend triton (or fa3)")
-    backend.num_splits = 1
-    backend.decode_num_splits = 1
+    for field in FA3_SPLIT_FIELDS[_STATE["version"] or check_version()]:
+        setattr(backend, field, 1)
 
 
 def pin_flashinfer_backend(original: Any, backend: Any, model_runner: Any, *args: Any, **kwargs: Any) -> None:
@@ -345,6 +362,15 @@ def pinned_moe_config(original: Any, *args: Any, **kwargs: Any) -> Any:
     a["M"] = moe_token_count(moe_facts(tuple(a["w2_shape"]), a["dtype"], a["is_marlin"], block,
                                        a["per_channel_quant"]))
     return original(*bound.args, **bound.kwargs)
+
+
+def untranscribed_moe_config(original: Any, *args: Any, **kwargs: Any) -> Any:
+    """Around try_get_optimal_moe_config on an SGLang whose MoE config choice was not transcribed: refused,
+    before the fused-MoE kernel runs (its config row would follow the batch's token count)."""
+    raise SGLangPluginError(
+        f"detent_rl's SGLang plugin pins the fused-MoE config row on sglang {', '.join(TRANSCRIBED_FOR['fused_moe'])} "
+        f"only (its tables and look-up are transcribed from those); this is sglang {check_version()}: serve dense "
+        f"models on it, or a MoE model on a release named there")
 
 
 def require_seed(result: Any, params: Any, *args: Any, **kwargs: Any) -> None:

@@ -21,10 +21,11 @@ The worker, in the rollout worker's place (same calls as `workers.RolloutWorker`
   proves the engine holds them is the next step's bit-check: every rollout logprob must equal the
   trainer's recomputation, which no other weights give.
 
-Status: built and tested on the CPU against SGLang 0.5.23's own argument, sampling-parameter and
-weight-name handling (tests/test_sglang_worker.py); never started end to end — SGLang's engine needs
-its CUDA kernels (`sgl_kernel`), which do not load beside the device's torch 2.11 (docs/BENCHMARKS.md,
-"rollout.backend: sglang").
+Status: built and tested on the CPU against SGLang 0.5.23's and 0.5.17's own argument,
+sampling-parameter and weight-name handling (tests/test_sglang_worker.py); never started end to end —
+SGLang's engine needs its CUDA kernels (`sgl_kernel`): 0.5.23's do not load beside the device's torch
+2.11; 0.5.17's (sglang-kernel 0.4.5) are built for it, and the plugin supports 0.5.17, but that stack
+has not been carried to the device yet (docs/BENCHMARKS.md, "rollout.backend: sglang").
 """
 from __future__ import annotations
 

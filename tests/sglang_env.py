@@ -7,6 +7,7 @@ declared closure pins another torch and CUDA packages). Without SGLang the tests
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import sys
 
@@ -14,21 +15,59 @@ import pytest
 
 STUBS = os.path.join(os.path.dirname(__file__), "sglang_stubs")
 SGLANG_NO_DEPS = ("sglang==0.5.23", "apache-tvm-ffi==0.1.11", "compressed-tensors==0.18.0")
+# The torch-2.11 stack's SGLang (the one whose sglang-kernel loads beside the H200's torch 2.11), tested
+# against the same files after the above: it registers a config name that transformers >= 5.13 also
+# registers, so it takes its own transformers (5.12.1) and what that transformers pins (tokenizers < 0.23,
+# huggingface-hub < 2, which imports httpx), kernels < 0.15 and xgrammar (both imported by its
+# server_args). Installed over the 0.5.23 environment, last.
+SGLANG_0_5_17_NO_DEPS = ("sglang==0.5.17", "transformers==5.12.1", "tokenizers==0.22.2", "huggingface-hub==1.33.0",
+                         "kernels==0.14.1", "xgrammar==0.2.1", "httpx==0.29.0", "httpcore==1.0.9",
+                         "apache-tvm-ffi==0.1.11", "compressed-tensors==0.18.0")
+
+
+def _transformers_needs_torchvision() -> bool:
+    """True where transformers registers image processors only with torchvision present (< 5.13, the
+    transformers of the torch-2.11 SGLang stack, 0.5.15-0.5.17): the stub must be found when it looks.
+    Newer transformers need it absent: they would use it for real."""
+    try:
+        major, minor = (int(part) for part in importlib.metadata.version("transformers").split(".")[:2])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return False
+    return (major, minor) < (5, 13)
+
+
+STUB_FIRST = _transformers_needs_torchvision()
 PRELUDE = f"""
 import sys
-import transformers  # decides torchvision is absent before the stub is on the path
+import detent_rl  # first: takes the checkout's root off sys.path before transformers looks for `kernels`
+{"sys.path.append(" + repr(STUBS) + ")" if STUB_FIRST else ""}
+import transformers  # decides whether torchvision is present (see tests/sglang_env.py)
 sys.path.append({STUBS!r})
 """
 
 
 def import_sglang():
     """The sglang package (skips the calling test module without it), with the torchvision import stub
-    on the path only after transformers has decided that torchvision is absent."""
+    on the path only after transformers has decided that torchvision is absent (before it, for the
+    transformers that need it present)."""
+    if STUB_FIRST and STUBS not in sys.path:
+        sys.path.append(STUBS)
     importlib.import_module("transformers")
     if STUBS not in sys.path:
         sys.path.append(STUBS)
     return pytest.importorskip("sglang", reason="SGLang's CPU tests need `pip install -e '.[sglang-test]'` and "
                                                  f"`pip install --no-deps {' '.join(SGLANG_NO_DEPS)}`")
+
+
+def skip_unless_transcribed(what: str) -> None:
+    """Skip the calling test module where the installed SGLang's `what` selection (a key of the plugin's
+    TRANSCRIBED_FOR) was not transcribed: the plugin refuses that path there, which
+    tests/test_sglang_plugin.py checks instead."""
+    from detent_rl.rollout.sglang_plugin import TRANSCRIBED_FOR
+    version = importlib.metadata.version("sglang")
+    if version not in TRANSCRIBED_FOR[what]:
+        pytest.skip(f"sglang {version}: its {what} selection is not transcribed (the plugin refuses it there)",
+                    allow_module_level=True)
 
 
 _PRISTINE: list = []

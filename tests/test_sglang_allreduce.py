@@ -14,9 +14,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_env import import_sglang, plugin_reset
+from sglang_env import import_sglang, plugin_reset, skip_unless_transcribed
 
 sglang = import_sglang()
+skip_unless_transcribed("allreduce")
 
 from sglang.srt.distributed.device_communicators import custom_all_reduce_v2 as M  # noqa: E402
 from sglang.srt.distributed.device_communicators.configs import custom_all_reduce_v2 as MC  # noqa: E402

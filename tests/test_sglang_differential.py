@@ -7,9 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_env import import_sglang
+from sglang_env import import_sglang, skip_unless_transcribed
 
 import_sglang()
+skip_unless_transcribed("fused_moe")
 
 import triton  # noqa: E402
 from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe_triton_config as F  # noqa: E402

@@ -75,15 +75,16 @@ def test_fa3_keeps_one_split_and_fa4_is_refused():
     """The fields the hook sets are the ones SGLang's own __init__ assigns (read from its source, so a
     renamed field in another version fails here); FA3 keeps one split; FA4, which the same class runs,
     is refused (its deterministic mode needs more than the split count)."""
-    assert {"num_splits", "decode_num_splits", "fa_impl_ver"} <= _init_assigns(P.FA3_BACKEND)
-    be = SimpleNamespace(num_splits=0, decode_num_splits=0, fa_impl_ver=3)  # SGLang's defaults, not deterministic
+    fields = P.FA3_SPLIT_FIELDS[P.check_version()]
+    assert {*fields, "fa_impl_ver"} <= _init_assigns(P.FA3_BACKEND)
+    be = SimpleNamespace(**{f: 0 for f in fields}, fa_impl_ver=3)  # SGLang's defaults, not deterministic
     P.pin_fa3_backend(None, be)
-    assert (be.num_splits, be.decode_num_splits) == (1, 1)
+    assert [getattr(be, f) for f in fields] == [1] * len(fields)
     with pytest.raises(P.SGLangPluginError, match="runs FlashAttention 4"):
         P.pin_fa3_backend(None, SimpleNamespace(num_splits=0, decode_num_splits=0, fa_impl_ver=4))
 
 
-def test_flashinfer_is_built_on_sglangs_deterministic_path_with_one_split(fresh_sglang, monkeypatch):
+def test_flashinfer_is_built_on_sglangs_deterministic_path_with_one_split(fresh_sglang, monkeypatch, tmp_path):
     """The hook runs FlashInferAttnBackend.__init__ with SGLang's deterministic flag in force and its
     split-tile variables at the context length (what that __init__ reads: its own source assigns the
     fields from the flag and names the variables, so a renamed one in another version fails here),
@@ -107,7 +108,11 @@ def test_flashinfer_is_built_on_sglangs_deterministic_path_with_one_split(fresh_
         seen.append((get_exec().deterministic.enable_deterministic_inference,
                      [get_int_env_var(n, -1) for n in P.FLASHINFER_TILES]))
     runner = SimpleNamespace(model_config=SimpleNamespace(context_len=40960))
-    get_context().set_server_args(ServerArgs(model_path="x", device="cpu"))
+    # a model config on disk: 0.5.17's ServerArgs reads it while it resolves its defaults
+    from transformers import Qwen2Config
+    Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=128, architectures=["Qwen2ForCausalLM"]).save_pretrained(tmp_path)
+    get_context().set_server_args(ServerArgs(model_path=str(tmp_path), device="cpu"))
     try:
         init(None, runner)
         P.pin_flashinfer_backend(init, None, runner)
@@ -125,9 +130,40 @@ def test_flashinfer_is_built_on_sglangs_deterministic_path_with_one_split(fresh_
 
 
 def test_an_unsupported_sglang_is_refused_by_name():
-    assert P.check_version() == "0.5.23"
-    with pytest.raises(P.SGLangPluginError, match=r"supports sglang 0\.5\.23; this is sglang 0\.5\.22"):
+    assert P.check_version() == importlib.metadata.version("sglang") and P.check_version() in P.SUPPORTED_VERSIONS
+    with pytest.raises(P.SGLangPluginError, match=r"supports sglang 0\.5\.17, 0\.5\.23; this is sglang 0\.5\.22"):
         P.check_version("0.5.22")
+
+
+@pytest.mark.skipif(importlib.metadata.version("sglang") in P.TRANSCRIBED_FOR["fused_moe"],
+                    reason="this SGLang's fused-MoE config is pinned (tests/test_sglang_differential.py)")
+def test_an_untranscribed_moe_config_is_refused_before_the_kernel(fresh_sglang, monkeypatch):
+    """On a release whose MoE tables were not transcribed (0.5.17), SGLang's own config look-up, hooked, refuses
+    instead of choosing by the token count. Control: unhooked, it returns a config for any M."""
+    exec_ctx = SimpleNamespace(deterministic=SimpleNamespace(enable_deterministic_inference=False))
+    monkeypatch.setattr(F, "get_exec", lambda: exec_ctx)  # what a server's runtime context would publish
+    monkeypatch.setattr(F, "get_device_name", lambda: "NVIDIA H200")  # what CUDA would report
+    assert F.try_get_optimal_moe_config((128, 1536, 2048), (128, 2048, 768), 8, None, 7)["BLOCK_SIZE_M"] > 0
+    P.register()
+    HookRegistry.apply_hooks()
+    with pytest.raises(P.SGLangPluginError, match=r"fused-MoE config row on sglang 0\.5\.23 only.*this is sglang"):
+        F.try_get_optimal_moe_config((128, 1536, 2048), (128, 2048, 768), 8, None, 7)
+
+
+@pytest.mark.skipif(importlib.metadata.version("sglang") in P.TRANSCRIBED_FOR["allreduce"],
+                    reason="this SGLang's all-reduce is pinned (tests/test_sglang_allreduce.py)")
+def test_an_untranscribed_allreduce_is_refused_over_two_ranks(fresh_sglang):
+    """On a release whose all-reduce choice was not transcribed (0.5.17), a device all-reduce over two ranks
+    is refused by the hooked GroupCoordinator before it runs; one rank, or a CPU tensor, passes through."""
+    from sglang.srt.distributed.parallel_state import GroupCoordinator
+    P.register()
+    HookRegistry.apply_hooks()
+    group = SimpleNamespace(world_size=2, unique_name="tp:0")
+    device_tensor = SimpleNamespace(is_cpu=False)
+    with pytest.raises(P.SGLangPluginError, match=r"tp:0: an all-reduce over 2 ranks on sglang .*0\.5\.23 only"):
+        GroupCoordinator.all_reduce(group, device_tensor)
+    one = SimpleNamespace(world_size=1, unique_name="tp:0")
+    assert GroupCoordinator.all_reduce(one, torch.ones(3)).tolist() == [1.0, 1.0, 1.0]  # SGLang's one-rank return
 
 
 def test_the_split_tile_comes_from_the_commitment_tuple(tmp_path, monkeypatch):
@@ -317,6 +353,8 @@ def _moe_configs(device, version, ms):
     return [(up, down) for up, (down, _) in out]
 
 
+@pytest.mark.skipif(importlib.metadata.version("sglang") not in P.TRANSCRIBED_FOR["fused_moe"],
+                    reason="this SGLang's MoE config is not transcribed: the plugin refuses it (test above)")
 @pytest.mark.parametrize("device,version,pin", [("NVIDIA H100 80GB HBM3", "3.7.1", "table_key"),
                                                 ("NVIDIA H200", "3.6.0", "table_key"),
                                                 ("NVIDIA A10", "3.6.0", "small_m")])

@@ -49,7 +49,8 @@ def test_engine_arguments_are_sglangs_server_args(checkpoint):
     spec = ModelSpec(path=str(checkpoint), arm="detent", device="cuda", dtype="bfloat16", max_context=784,
                      max_batch=256, max_num_tokens=8192, sglang_tile=256)
     args = W.engine_args(spec, RolloutSection(max_num_seqs=64, chunk_size=512))
-    fields = set(ServerArgs.__struct_fields__)  # a msgspec Struct in 0.5.23
+    # a msgspec Struct in 0.5.23, a dataclass in 0.5.17
+    fields = set(getattr(ServerArgs, "__struct_fields__", None) or ServerArgs.__dataclass_fields__)
     assert set(args) <= fields, sorted(set(args) - fields)
     assert args["attention_backend"] == "triton" and args["skip_tokenizer_init"] and \
         not args["enable_deterministic_inference"]
