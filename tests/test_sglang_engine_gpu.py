@@ -2,12 +2,16 @@
 detent_rl's plugin, and the trainer's recomputation (`completion_logprobs(..., sglang=)`) gives back every
 logprob, bit for bit, before and after a weight update; the trainer's own attention (control) does not.
 
-Needs SGLang 0.5.23 with its CUDA kernels (`sgl_kernel`) — not only the Python package the other SGLang
-tests use — so it skips where only the tests' stand-in for sgl_kernel is found (the H200 device of this
-project: sglang-kernel does not load beside its torch 2.11). On a CUDA machine with network:
+Needs SGLang (0.5.23 or 0.5.17) with its CUDA kernels (`sgl_kernel`) — not only the Python package the
+other SGLang tests use — so it skips where only the tests' stand-in for sgl_kernel is found. On a CUDA
+machine with network:
 
     pip install "sglang==0.5.23" && pip install --no-deps -e .
     python -m pytest -m gpu tests/test_sglang_engine_gpu.py
+
+On this project's H200 (torch 2.11, no network), 0.5.23's sglang-kernel does not load; the torch-2.11
+stack (sglang 0.5.17, sglang-kernel 0.4.5 without FA3) travels in three parts instead:
+`bench/sglang_engine_wheels.sh` (its header gives the calls). Not yet run there.
 """
 from __future__ import annotations
 

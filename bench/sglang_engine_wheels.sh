@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The torch-2.11 SGLang stack for `rollout.backend: sglang` end to end on the H200 (issue 12): sglang 0.5.17
+# with its CUDA kernels (sglang-kernel 0.4.5, built against torch 2.11, which the device has), for the
+# device's Python 3.12, in parts of under 64 MiB that back-to-back `run` calls carry into ~/whl while the
+# machine stays warm (30 s idle). Not yet run on the device: see docs/BENCHMARKS.md, session 25.
+#
+# What goes beyond the device image (torch 2.11, triton 3.6, transformers 5.17, huggingface_hub 1.33,
+# httpx, uvloop, numpy, ...): SGLang's test closure as bench/sglang_wheels.sh lists it, with 0.5.17's
+# own needs instead of 0.5.23's:
+#   - transformers 5.12.1 and tokenizers 0.22.2: 0.5.17 registers a config name that transformers >= 5.13
+#     (the device's 5.17 too) already holds, without exist_ok, and fails at import;
+#   - kernels 0.14.1 and xgrammar 0.2.1 (its server_args imports both);
+#   - what its engine, scheduler, tokenizer and detokenizer managers, model runner and Qwen2 model import
+#     at module level (an import walk on the CPU, tests/sglang_stubs standing in for sgl_kernel):
+#     fastapi, uvicorn, setproctitle, opentelemetry's api, sdk and semantic conventions;
+#   - sgl_kernel itself without FA3 and the sm100 build: the wheel is 383 MB, nearly all of it
+#     `flash_ops.abi3.so` (1.12 GB unpacked), which sgl_kernel loads only through `sgl_kernel.flash_attn`
+#     (SGLang's FA3 backend, which the worker does not use: it runs the Triton backend). It travels as a
+#     tarball of the package folders, unpacked into the same --target folder.
+#
+#   bash bench/sglang_engine_wheels.sh               # here, once: prints the parts and their sizes
+#   run(carry=[".whl/engine1"], command="mkdir -p ~/whl && cp .whl/engine1/* ~/whl/")
+#   run(carry=[".whl/engine2"], command="cp .whl/engine2/* ~/whl/")   # ... one call a part
+#   run(carry=[".whl/engineN"], command="cp .whl/engineN/* ~/whl/ && bash bench/sglang_engine_wheels.sh --install \
+#       ~/whl /tmp/site && export PYTHONPATH=/tmp/site && python3 -m pip install --no-deps --no-build-isolation \
+#       --no-index -e . && python3 -m pytest -m gpu tests/test_sglang_engine_gpu.py")
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--install" ]; then  # on the device: every wheel and the trimmed sgl_kernel into $3
+    src=$2 target=$3
+    mkdir -p "$target"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" \
+        "$src"/*.whl
+    tar -xzf "$src"/sgl_kernel_sm90.tar.gz -C "$target"
+    echo "installed into $target: $(ls "$target" | wc -l) entries"
+    exit 0
+fi
+
+out=.whl/engine-all
+rm -rf .whl/engine-all .whl/engine[0-9]*
+mkdir -p "$out"
+grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+PKGS="sglang==0.5.17 transformers==5.12.1 tokenizers==0.22.2 kernels==0.14.1 xgrammar==0.2.1
+apache-tvm-ffi==0.1.11 compressed-tensors==0.18.0
+fastapi uvicorn setproctitle opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions
+aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 attrs==26.1.0 dill==0.4.1 einops==0.8.2
+frozenlist==1.8.0 gguf==0.19.0 ipython==9.18.1 loguru==0.7.3 msgspec==0.23.0 multidict==7.2.1
+openai==3.57.0 orjson==3.13.0 partial_json_parser==0.2.1.1.post7 pillow==13.0.0 propcache==0.5.4 pybase64==1.5.1
+pyzmq==27.3.0 requests==2.34.2 sentencepiece==0.2.3 sniffio==1.3.1 starlette==1.10.0 traitlets==5.16.1
+urllib3==2.8.0 yarl==1.25.1
+annotated-types==0.8.0 anyio==4.16.0 certifi==2026.10.19.post1 h11==0.16.0 httpcore==1.0.9 httpx==0.28.1
+idna==3.20 markdown-it-py==4.3.0 mdurl==0.1.2 psutil==7.2.2 pydantic==2.14.4 pydantic_core==2.50.5
+Pygments==2.21.0 rich==15.0.0 typing-inspection==0.4.5"
+for p in $PKGS sglang-kernel==0.4.5; do
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64 \
+        --platform manylinux_2_31_x86_64 --platform manylinux_2_34_x86_64 -d "$out" "$p"
+done
+
+# sgl_kernel without FA3 (flash_ops) and the sm100 build, as a tarball of its package folders
+kernel=$(ls "$out"/sglang_kernel-0.4.5-*.whl)
+unpack=$(mktemp -d)
+python3 -m zipfile -e "$kernel" "$unpack"
+rm -rf "$unpack"/sgl_kernel/flash_ops.abi3.so "$unpack"/sgl_kernel/sm100
+(cd "$unpack" && tar -czf sgl_kernel_sm90.tar.gz sgl_kernel triton_kernels sglang_kernel-0.4.5.dist-info)
+mv "$unpack"/sgl_kernel_sm90.tar.gz "$out"/
+rm -rf "$unpack" "$kernel"
+
+# parts of at most 58 MiB, largest files first (first fit)
+python3 - "$out" <<'EOF'
+import os, shutil, sys
+out = sys.argv[1]
+limit = 58 << 20  # a call carries 64 MiB with the working tree (~2.4 MB)
+files = sorted(os.listdir(out), key=lambda f: -os.path.getsize(os.path.join(out, f)))
+parts = []
+for f in files:
+    size = os.path.getsize(os.path.join(out, f))
+    if size > limit:
+        sys.exit(f"{f} is {size >> 20} MiB, over a call's {limit >> 20} MiB")
+    for part in parts:
+        if part[0] + size <= limit:
+            part[0] += size
+            part[1].append(f)
+            break
+    else:
+        parts.append([size, [f]])
+for i, (size, names) in enumerate(parts, 1):
+    folder = os.path.join(os.path.dirname(out), f"engine{i}")
+    os.makedirs(folder)
+    for name in names:
+        shutil.move(os.path.join(out, name), folder)
+    print(f"{folder}: {len(names)} files, {size / 2**20:.1f} MiB")
+shutil.rmtree(out)
+EOF
