@@ -5,7 +5,7 @@
 # machine stays warm (30 s idle). Not yet run on the device: see docs/BENCHMARKS.md, session 25.
 #
 # What goes beyond the device image (torch 2.11, triton 3.6, transformers 5.17, huggingface_hub 1.33,
-# httpx, uvloop, numpy, ...): SGLang's test closure as bench/sglang_wheels.sh lists it, with 0.5.17's
+# httpx, uvloop, numpy, ...): the modules bench/sglang_device_common.sh lists, with 0.5.17's
 # own needs instead of 0.5.23's:
 #   - transformers 5.12.1 and tokenizers 0.22.2: 0.5.17 registers a config name that transformers >= 5.13
 #     (the device's 5.17 too) already holds, without exist_ok, and fails at import;
@@ -41,23 +41,11 @@ out=.whl/engine-all
 rm -rf .whl/engine-all .whl/engine[0-9]*
 mkdir -p "$out"
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
-PKGS="sglang==0.5.17 transformers==5.12.1 tokenizers==0.22.2 kernels==0.14.1 xgrammar==0.2.1
-apache-tvm-ffi==0.1.11 compressed-tensors==0.18.0
-fastapi uvicorn setproctitle opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions
-aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 attrs==26.1.0 dill==0.4.1 einops==0.8.2
-frozenlist==1.8.0 gguf==0.19.0 ipython==9.18.1 loguru==0.7.3 msgspec==0.23.0 multidict==7.2.1
-openai==3.57.0 orjson==3.13.0 partial_json_parser==0.2.1.1.post7 pillow==13.0.0 propcache==0.5.4 pybase64==1.5.1
-pyzmq==27.3.0 requests==2.34.2 sentencepiece==0.2.3 sniffio==1.3.1 starlette==1.10.0 traitlets==5.16.1
-urllib3==2.8.0 yarl==1.25.1
-annotated-types==0.8.0 anyio==4.16.0 certifi==2026.10.19.post1 h11==0.16.0 httpcore==1.0.9 httpx==0.28.1
-idna==3.20 markdown-it-py==4.3.0 mdurl==0.1.2 psutil==7.2.2 pydantic==2.14.4 pydantic_core==2.50.5
-Pygments==2.21.0 rich==15.0.0 typing-inspection==0.4.5"
-for p in $PKGS sglang-kernel==0.4.5; do
-    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64 \
-        --platform manylinux_2_31_x86_64 --platform manylinux_2_34_x86_64 -d "$out" "$p"
-done
+# shellcheck source=bench/sglang_device_common.sh
+. bench/sglang_device_common.sh
+download_for_device "$out" sglang==0.5.17 transformers==5.12.1 tokenizers==0.22.2 kernels==0.14.1 xgrammar==0.2.1 \
+    fastapi uvicorn setproctitle opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions \
+    $SGLANG_LIGHT_DEPS sglang-kernel==0.4.5
 
 # sgl_kernel without FA3 (flash_ops) and the sm100 build, as a tarball of its package folders
 kernel=$(ls "$out"/sglang_kernel-0.4.5-*.whl)
