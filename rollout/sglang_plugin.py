@@ -186,13 +186,13 @@ def backend_selector(facts: dict, tile: int):
 
 
 _STATE: dict = {"registered": False, "model_hooks": False, "tile": None, "moe_pins": None, "moe_path": None,
-                "ar_pins": None, "version": None}
+                "ar_pins": None}
 
 
 def register(commitment: Optional[os.PathLike | str] = None) -> None:
     """Register every hook with SGLang's HookRegistry (the `sglang.srt.plugins` entry point; idempotent).
     SGLang's `load_plugins()` applies them; a caller outside it runs `HookRegistry.apply_hooks()`."""
-    check_version()
+    version = check_version()
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
     path, tuple_ = _tuple(commitment)
     _STATE["tile"] = _split_tile(path, tuple_)
@@ -204,11 +204,10 @@ def register(commitment: Optional[os.PathLike | str] = None) -> None:
     _STATE["ar_pins"] = dict(site.pins) if site is not None else None
     from detent_rl.rollout import sglang_model as M
     if M.configure(path, tuple_) and not _STATE["model_hooks"]:  # the model's kernels: a tuple with a deployment
-        M.register(HookRegistry, HookType, check_version())
+        M.register(HookRegistry, HookType, version)
         _STATE["model_hooks"] = True
     if _STATE["registered"]:
         return
-    version = _STATE["version"] = check_version()
     HookRegistry.register(f"{TRITON_BACKEND}.__init__", pin_backend, HookType.AFTER)
     HookRegistry.register(f"{FA3_BACKEND}.__init__", pin_fa3_backend, HookType.AFTER)
     HookRegistry.register(f"{FLASHINFER_BACKEND}.__init__", pin_flashinfer_backend, HookType.AROUND)
@@ -271,7 +270,7 @@ def pin_fa3_backend(result: Any, backend: Any, *args: Any, **kwargs: Any) -> Non
         raise SGLangPluginError(f"detent_rl's SGLang plugin pins FlashAttention 3's splits; this backend runs "
                                 f"FlashAttention {version}, whose batch invariance it does not set up: use "
                                 f"--attention-backend triton (or fa3)")
-    for field in FA3_SPLIT_FIELDS[_STATE["version"] or check_version()]:
+    for field in FA3_SPLIT_FIELDS[check_version()]:
         setattr(backend, field, 1)
 
 
