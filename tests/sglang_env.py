@@ -112,3 +112,14 @@ def plugin_reset():
         P._STATE.update(registered=False, model_hooks=False, tile=None, moe_pins=None, moe_path=None, ar_pins=None)
         M.configure(None, None)
     return reset
+
+
+@pytest.fixture
+def fresh_sglang():
+    """SGLang with no hook applied, before and after the test. A module takes it with `from sglang_env import
+    fresh_sglang` and calls plugin_reset() at import, so the pristine attributes are recorded before any test
+    applies a hook."""
+    reset = plugin_reset()
+    reset()
+    yield
+    reset()

@@ -14,7 +14,7 @@ import torch
 
 from interpreted import run_interpreted
 from sglang_decode_cases import backend_fields
-from sglang_env import PRELUDE, import_sglang, plugin_reset
+from sglang_env import PRELUDE, fresh_sglang, import_sglang, plugin_reset  # noqa: F401 (a fixture)
 
 sglang = import_sglang()
 
@@ -30,15 +30,7 @@ from detent_rl.kernels.programs.sglang import moe_config as MOE  # noqa: E402
 from detent_rl.rollout import sglang_plugin as P  # noqa: E402
 
 ENTRY = "detent_rl.rollout.sglang_plugin:register"
-RESET = plugin_reset()
-
-
-@pytest.fixture
-def fresh_sglang():
-    """SGLang with no hook applied, before and after (the test loads plugins through SGLang itself)."""
-    RESET()
-    yield
-    RESET()
+plugin_reset()  # records the hooked attributes before any test applies a hook
 
 
 def test_sglang_loads_the_plugin_from_its_entry_point(fresh_sglang, monkeypatch):
@@ -127,43 +119,6 @@ def test_flashinfer_is_built_on_sglangs_deterministic_path_with_one_split(fresh_
     finally:
         reset_context()
     assert P.FLASHINFER_TILES[0] not in os.environ and os.environ[P.FLASHINFER_TILES[1]] == "2048"
-
-
-def test_an_unsupported_sglang_is_refused_by_name():
-    assert P.check_version() == importlib.metadata.version("sglang") and P.check_version() in P.SUPPORTED_VERSIONS
-    with pytest.raises(P.SGLangPluginError, match=r"supports sglang 0\.5\.17, 0\.5\.23; this is sglang 0\.5\.22"):
-        P.check_version("0.5.22")
-
-
-@pytest.mark.skipif(importlib.metadata.version("sglang") in P.TRANSCRIBED_FOR["fused_moe"],
-                    reason="this SGLang's fused-MoE config is pinned (tests/test_sglang_differential.py)")
-def test_an_untranscribed_moe_config_is_refused_before_the_kernel(fresh_sglang, monkeypatch):
-    """On a release whose MoE tables were not transcribed (0.5.17), SGLang's own config look-up, hooked, refuses
-    instead of choosing by the token count. Control: unhooked, it returns a config for any M."""
-    exec_ctx = SimpleNamespace(deterministic=SimpleNamespace(enable_deterministic_inference=False))
-    monkeypatch.setattr(F, "get_exec", lambda: exec_ctx)  # what a server's runtime context would publish
-    monkeypatch.setattr(F, "get_device_name", lambda: "NVIDIA H200")  # what CUDA would report
-    assert F.try_get_optimal_moe_config((128, 1536, 2048), (128, 2048, 768), 8, None, 7)["BLOCK_SIZE_M"] > 0
-    P.register()
-    HookRegistry.apply_hooks()
-    with pytest.raises(P.SGLangPluginError, match=r"fused-MoE config row on sglang 0\.5\.23 only.*this is sglang"):
-        F.try_get_optimal_moe_config((128, 1536, 2048), (128, 2048, 768), 8, None, 7)
-
-
-@pytest.mark.skipif(importlib.metadata.version("sglang") in P.TRANSCRIBED_FOR["allreduce"],
-                    reason="this SGLang's all-reduce is pinned (tests/test_sglang_allreduce.py)")
-def test_an_untranscribed_allreduce_is_refused_over_two_ranks(fresh_sglang):
-    """On a release whose all-reduce choice was not transcribed (0.5.17), a device all-reduce over two ranks
-    is refused by the hooked GroupCoordinator before it runs; one rank, or a CPU tensor, passes through."""
-    from sglang.srt.distributed.parallel_state import GroupCoordinator
-    P.register()
-    HookRegistry.apply_hooks()
-    group = SimpleNamespace(world_size=2, unique_name="tp:0")
-    device_tensor = SimpleNamespace(is_cpu=False)
-    with pytest.raises(P.SGLangPluginError, match=r"tp:0: an all-reduce over 2 ranks on sglang .*0\.5\.23 only"):
-        GroupCoordinator.all_reduce(group, device_tensor)
-    one = SimpleNamespace(world_size=1, unique_name="tp:0")
-    assert GroupCoordinator.all_reduce(one, torch.ones(3)).tolist() == [1.0, 1.0, 1.0]  # SGLang's one-rank return
 
 
 def test_the_split_tile_comes_from_the_commitment_tuple(tmp_path, monkeypatch):
@@ -354,7 +309,7 @@ def _moe_configs(device, version, ms):
 
 
 @pytest.mark.skipif(importlib.metadata.version("sglang") not in P.TRANSCRIBED_FOR["fused_moe"],
-                    reason="this SGLang's MoE config is not transcribed: the plugin refuses it (test above)")
+                    reason="this SGLang's MoE config is not transcribed: the plugin refuses it (tests/test_sglang_releases.py)")
 @pytest.mark.parametrize("device,version,pin", [("NVIDIA H100 80GB HBM3", "3.7.1", "table_key"),
                                                 ("NVIDIA H200", "3.6.0", "table_key"),
                                                 ("NVIDIA A10", "3.6.0", "small_m")])
