@@ -3,7 +3,7 @@
 Run on a CUDA machine from the repository root:
 
     python bench/decode_profile.py [--model qwen2-0.5b] [--batch 1,32] [--arms stock,detent] [--steps 64] \
-        [--pdl on,off,early] [--prefetch on,off] [--temperature 1] [--prompt-len 128] [--phase prefill] [--samples 8] \
+        [--pdl on,off] [--temperature 1] [--prompt-len 128] [--phase prefill] [--samples 8] \
         [--host-top 20] [--commitment TUPLE.json]
 
 Each arm loads the same checkpoint (a built-in config's seeded random weights, or a directory),
@@ -133,11 +133,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else seeded sampling (the GRPO "
                                                                      "batch samples at 1)")
-    ap.add_argument("--pdl", default="on", help="comma-separated on/off/early: our kernels' programmatic dependent "
-                                               "launch, one run each (DETENT_PDL; early: each kernel releases its "
-                                               "successor before it waits)")
-    ap.add_argument("--prefetch", default="on", help="comma-separated on/off: decode GEMMs ask L2 for their weights "
-                                                    "before their predecessor's wait (DETENT_PREFETCH), one run each")
+    ap.add_argument("--pdl", default="on", help="comma-separated on/off: our kernels' programmatic dependent "
+                                               "launch, one run each (DETENT_PDL)")
     ap.add_argument("--phase", choices=("decode", "prefill"), default="decode",
                     help="prefill: profile the whole prefill of the batch's prompts instead of decode steps")
     ap.add_argument("--samples", type=int, default=1, help="each prompt this many times in a row (the GRPO "
@@ -170,10 +167,9 @@ def main() -> None:
             model = load_model(path, arm, device="cuda", dtype=torch.bfloat16,
                                commitment=attention_pinned(model, split, limits["max_context"]), **limits)
             arm = f"detent, attention split {split}"
-        for b, pdl, combine, fetch in [(b, p, c, f) for b in batches for p in args.pdl.split(",")
-                                       for c in args.combine.split(",") for f in args.prefetch.split(",")]:
-            os.environ["DETENT_PDL"] = {"on": "1", "early": "early"}.get(pdl, "0")  # read at each launch (capture)
-            os.environ["DETENT_PREFETCH"] = "1" if fetch == "on" else "0"
+        for b, pdl, combine in [(b, p, c) for b in batches for p in args.pdl.split(",")
+                                for c in args.combine.split(",")]:
+            os.environ["DETENT_PDL"] = "1" if pdl == "on" else "0"  # read at each launch, so at graph capture
             forced = {"on": True, "off": False}.get(combine)  # auto: None, paged_attention's rule
             autograd.paged_attention = functools.partial(paged_attention, combine=forced)
             g = torch.Generator().manual_seed(b)
@@ -186,8 +182,7 @@ def main() -> None:
                 wall, gpu, kernels, gaps = profile_decode(engine, prompts, args.steps, args.temperature)
             launches = sum(c for c, _ in kernels.values())
             unit = "prefill" if args.phase == "prefill" else "step"
-            print(f"\n## {args.model}, arm {arm}, PDL {pdl}, weight prefetch {fetch}, one-split combine {combine}, "
-                  f"batch {b}, "
+            print(f"\n## {args.model}, arm {arm}, PDL {pdl}, one-split combine {combine}, batch {b}, "
                   f"T {args.temperature:g}, {args.phase}: "
                   f"{wall:.3f} ms/{unit} wall, {gpu:.3f} ms/{unit} GPU kernels "
                   f"({launches:.0f} launches/{unit}), {wall - gpu:.3f} ms/{unit} host and gaps: between kernels "

@@ -49,29 +49,21 @@ def pdl(t: torch.Tensor) -> dict:
     before touching any memory, so nothing it reads or writes can race, and lets its own successor
     be scheduled at once. It moves when a program starts, never what it computes: bit-neutral.
     Off on the CPU, under the interpreter, before sm_90, and with DETENT_PDL=0 (A/B measurements).
-    DETENT_PDL=early releases the successor before the wait (`PDL` 2): a chain of kernels may then be
-    resident ahead of the one running, each still waiting for its predecessor's completion (an A/B
-    measurement too; the order of the memory operations is the same).
     Returns the kernel's keyword arguments: `PDL` and, when on, Triton's `launch_pdl`.
     """
     on = False
-    mode = os.environ.get("DETENT_PDL", "1")
-    if t.is_cuda and HAS_TRITON and not interpreting() and mode != "0":
+    if t.is_cuda and HAS_TRITON and not interpreting() and os.environ.get("DETENT_PDL", "1") != "0":
         index = t.device.index if t.device.index is not None else torch.cuda.current_device()
         if index not in _PDL_DEVICES:
             _PDL_DEVICES[index] = torch.cuda.get_device_capability(index)[0] >= 9
         on = _PDL_DEVICES[index]
-    return {"PDL": 2 if mode == "early" else True, "launch_pdl": True} if on else {"PDL": False}
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 
 
 @triton.jit
 def pdl_enter(PDL: tl.constexpr):
-    """A kernel's first memory statement (see `pdl`): wait for the predecessor, release the successor
-    (release first with `PDL` 2)."""
-    if PDL == 2:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-    elif PDL:
+    """A kernel's first statement (see `pdl`): wait for the predecessor, release the successor."""
+    if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
 

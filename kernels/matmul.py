@@ -23,7 +23,6 @@ On the CPU the same operations run on fixed-shape row tiles (torch's fp32 CPU ma
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -73,27 +72,13 @@ def _dot_k_blocks(x_ptr, w_ptr, acc, offs_m, offs_n, k_start, num_blocks, M, N, 
 
 
 @triton.jit
-def _prefetch_w(w_ptr, offs_n, k_start, N, K, stride_wn, LINE: tl.constexpr, LINES: tl.constexpr):
-    """Ask L2 for w's rows `offs_n` from column `k_start`, LINES lines of LINE elements (`prefetch.global.L2`:
-    a hint that moves no data into registers and computes nothing). Addresses are clamped inside w."""
-    n = tl.minimum(offs_n, N - 1)
-    k = tl.minimum(k_start + tl.arange(0, LINES) * LINE, K - 1)
-    addr = (w_ptr + n[:, None] * stride_wn + k[None, :]).to(tl.int64)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [addr], dtype=tl.int32, is_pure=False,
-                              pack=1)
-
-
-@triton.jit
 def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, num_chunks, stride_xm, stride_xk,
                    stride_wn, stride_wk, stride_om, stride_on, HAS_BIAS: tl.constexpr, PARALLEL: tl.constexpr,
                    CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_M: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, FLAT: tl.constexpr,
-                   PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr = 0, LINE: tl.constexpr = 64):
-    offs_m, offs_n = _tile_offsets(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    if PREFETCH_LINES:  # before the predecessor's wait: w is never written inside a forward
-        _prefetch_w(w_ptr, offs_n, tl.program_id(1) * CHUNK if PARALLEL else 0, N, K, stride_wn, LINE,
-                    PREFETCH_LINES)
+                   PDL: tl.constexpr):
     pdl_enter(PDL)
+    offs_m, offs_n = _tile_offsets(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # each chunk starts a fresh accumulator
     if PARALLEL:
@@ -187,25 +172,6 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     return _linear_cpu(x, w, bias, chunk, out_dtype)
 
 
-L2_LINE_BYTES = 128
-PREFETCH_MAX_M = 64  # memory-bound calls (decode batches): their weights are most of what they read
-PREFETCH_MAX_HINTS = 4096  # a program's hints at most (32 a thread in 4 warps): a longer slice is left to the loads
-
-
-def prefetches(launch: dict, m: int, w: torch.Tensor) -> bool:
-    """Whether a Triton matmul launch asks L2 for its weight lines before its predecessor's wait.
-
-    Under PDL (`launch`, from `pdl`) a kernel's programs may be resident while the kernel before it
-    runs; at decode batches that predecessor (a norm, the attention, SiLU-and-mul) reads little, and
-    the GEMM that follows streams its weights from HBM only once it is released. Issuing the weights'
-    `prefetch.global.L2` hints first overlaps that stream with the predecessor. Reads only (w is not
-    written inside a forward), no arithmetic: the bits are the kernel's without it. Off with
-    DETENT_PREFETCH=0 (A/B measurements), without PDL, past PREFETCH_MAX_M rows, and for w whose rows are
-    not contiguous."""
-    return (bool(launch["PDL"]) and m <= PREFETCH_MAX_M and w.stride(1) == 1
-            and os.environ.get("DETENT_PREFETCH", "1") != "0")
-
-
 def _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps, num_stages,
                    flat=False, out_dtype=None):
     M, K = x.shape
@@ -218,16 +184,12 @@ def _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group
     ws = torch.empty((chunks, M, N), dtype=torch.float32, device=x.device) if parallel else out
     b = bias if bias is not None else out
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-    launch = pdl(x)
-    line = L2_LINE_BYTES // w.element_size()
-    lines = triton.next_power_of_2(triton.cdiv(chunk if parallel else K, line)) if prefetches(launch, M, w) else 0
-    lines = lines if lines * block_n <= PREFETCH_MAX_HINTS else 0
     _matmul_kernel[(tiles, chunks if parallel else 1)](
         x, w, b, out, ws, M, N, K, chunks, x.stride(0), x.stride(1), w.stride(0), w.stride(1), out.stride(0),
         out.stride(1), HAS_BIAS=bias is not None, PARALLEL=parallel, CHUNK=chunk, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, IEEE=x.dtype == torch.float32,
         UPCAST=interpreting() and x.dtype != torch.float32, FLAT=flat and not parallel and chunks > 1,
-        num_warps=num_warps, num_stages=num_stages, PREFETCH_LINES=lines, LINE=line, **launch)
+        num_warps=num_warps, num_stages=num_stages, **pdl(x))
     if parallel:  # the chunk sums added in chunk order
         combine_splits(ws, bias, out)
     return out

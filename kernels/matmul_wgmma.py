@@ -175,12 +175,7 @@ if HAS_GLUON:
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         NUM_K: gl.constexpr = NUM_CHUNKS * CHUNK_BLOCKS  # a unit's K blocks; every chunk whole: past K, TMA reads 0
-        if PDL == 2:  # matmul's pdl_enter: release the successor first (_triton.pdl's DETENT_PDL=early)
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)
-            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                      pack=1)
-        elif PDL:  # matmul's pdl_enter: wait for the predecessor, release the successor
+        if PDL:  # matmul's pdl_enter: wait for the predecessor, release the successor
             gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                                       pack=1)
             gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,

@@ -191,38 +191,3 @@ def test_rank_partials_folded_in_order_are_the_one_gpu_linear(n, k):
         assert parts[0].dtype == torch.float32
         folded = ((parts[0] + parts[1]) + b.float()).to(torch.bfloat16)
         assert torch.equal(folded, one), (parallel, (folded != one).sum().item())
-
-
-@pytest.mark.parametrize("n, k, bias", SITES[:5] + SITES[8:9], ids=[f"{k}to{n}" for n, k, _ in SITES[:5] + SITES[8:9]])
-def test_the_weight_prefetch_and_early_release_keep_the_bits(n, k, bias, monkeypatch):
-    """Decode-batch calls with the weights' L2 hints issued before the predecessor's wait
-    (`matmul.prefetches`), and with each kernel releasing its successor before it waits (DETENT_PDL=early),
-    against the same calls with PDL off, in the small-M buckets' default tiles and a cut and a whole K;
-    each call follows another kernel that writes x, so the GEMM's wait is a real one. Control: the
-    partition still decides the bits."""
-    from detent_rl.kernels.matmul import prefetches
-    from detent_rl.kernels.silu_and_mul import _silu_and_mul_triton
-    x, w, b = _data(n, k, bias, torch.bfloat16, 64)
-    g = torch.cat([torch.full_like(x, 30.0), x], dim=1)  # silu(30) * x = 30 x, written by a PDL kernel of ours
-    tiles = [(True, 16, 64, 128, 4, 4), (False, 16, 64, 128, 4, 4), (True, 64, 128, 64, 4, 3)]  # the buckets' own
-    outs, bad = {}, []
-    for mode, fetch in (("0", "0"), ("1", "1"), ("early", "1")):
-        monkeypatch.setenv("DETENT_PDL", mode)
-        monkeypatch.setenv("DETENT_PREFETCH", fetch)
-        for chunk in (640, 1 << 20):
-            for parallel, bm, bn, bk, warps, stages in tiles:
-                for m in (1, 64):
-                    xm = _silu_and_mul_triton(g[:m], 1024)  # the kernel before the GEMM writes its input
-                    got = linear(xm, w, b, chunk=chunk, parallel=parallel, block_m=bm, block_n=bn, block_k=bk,
-                                 num_warps=warps, num_stages=stages)
-                    key = (chunk, parallel, bm, bn, bk, m)
-                    if mode == "0":
-                        outs[key] = got
-                    elif not torch.equal(got, outs[key]):
-                        bad.append(f"PDL {mode}, prefetch {fetch}, {key}")
-    monkeypatch.setenv("DETENT_PDL", "1")
-    monkeypatch.setenv("DETENT_PREFETCH", "1")
-    assert prefetches({"PDL": True}, 64, w), "the calls above must have asked L2 for their weights"
-    assert not bad, "the prefetch or the early release changed rows:\n" + "\n".join(bad)
-    assert not torch.equal(outs[(640, True, 16, 64, 128, 64)], outs[(1 << 20, True, 16, 64, 128, 64)]), \
-        "control: another partition must round differently"
