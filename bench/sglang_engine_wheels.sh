@@ -2,7 +2,9 @@
 # The torch-2.11 SGLang stack for `rollout.backend: sglang` end to end on the H200 (issue 12): sglang 0.5.17
 # with its CUDA kernels (sglang-kernel 0.4.5, built against torch 2.11, which the device has), for the
 # device's Python 3.12, in parts of under 64 MiB that back-to-back `run` calls carry into ~/whl while the
-# machine stays warm (30 s idle). Not yet run on the device: see docs/BENCHMARKS.md, session 25.
+# machine stays warm (30 s idle). Ran on the device in session 26 (docs/BENCHMARKS.md): the engine started with
+# the plugin and tests/test_sglang_engine_gpu.py passed. Before carrying a new release, bench/sglang_import_walk.py
+# finds on the CPU the modules its CUDA branches import.
 #
 # What goes beyond the device image (torch 2.11, triton 3.6, transformers 5.17, huggingface_hub 1.33,
 # httpx, uvloop, numpy, ...): the modules bench/sglang_device_common.sh lists, with 0.5.17's
@@ -22,8 +24,9 @@
 #   run(carry=[".whl/engine1"], command="mkdir -p ~/whl && cp .whl/engine1/* ~/whl/")
 #   run(carry=[".whl/engine2"], command="cp .whl/engine2/* ~/whl/")   # ... one call a part
 #   run(carry=[".whl/engineN"], command="cp .whl/engineN/* ~/whl/ && bash bench/sglang_engine_wheels.sh --install \
-#       ~/whl /tmp/site && export PYTHONPATH=/tmp/site && python3 -m pip install --no-deps --no-build-isolation \
-#       --no-index -e . && python3 -m pytest -m gpu tests/test_sglang_engine_gpu.py")
+#       ~/whl /tmp/site && python3 -m pip install --no-deps --no-build-isolation --no-index -e . && \
+#       export PYTHONPATH=/tmp/site && cd tests && python3 -m pytest -m gpu test_sglang_engine_gpu.py")
+# (detent_rl installed before /tmp/site is on the path: kernels 0.14.1's setuptools hook breaks the editable build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,9 +46,14 @@ mkdir -p "$out"
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 # shellcheck source=bench/sglang_device_common.sh
 . bench/sglang_device_common.sh
-download_for_device "$out" sglang==0.5.17 transformers==5.12.1 tokenizers==0.22.2 kernels==0.14.1 xgrammar==0.2.1 \
-    fastapi uvicorn setproctitle opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions \
-    $SGLANG_LIGHT_DEPS sglang-kernel==0.4.5
+# 0.5.17 pins openai 2.6.1 (the 0.5.23 list's openai 3.57 imports httpx2, which the device lacks), with jiter and
+# distro; kernels 0.14.1 needs kernels-data; on CUDA its fp8 utilities import flashinfer at module level (0.5.17 pins
+# 0.6.15.post1; its other imports the device has: cuda-bindings, nvidia-ml-py, click, tabulate). Found by importing
+# the engine's modules in a virtual environment with torch.cuda patched to report an sm_90 device.
+download_for_device "$out" sglang==0.5.17 transformers==5.12.1 tokenizers==0.22.2 kernels==0.14.1 kernels-data \
+    flashinfer_python==0.6.15.post1 \
+    xgrammar==0.2.1 fastapi uvicorn setproctitle opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions \
+    openai==2.6.1 jiter distro ${SGLANG_LIGHT_DEPS/openai==3.57.0/} sglang-kernel==0.4.5
 
 # sgl_kernel without FA3 (flash_ops) and the sm100 build, as a tarball of its package folders
 kernel=$(ls "$out"/sglang_kernel-0.4.5-*.whl)

@@ -21,11 +21,12 @@ The worker, in the rollout worker's place (same calls as `workers.RolloutWorker`
   proves the engine holds them is the next step's bit-check: every rollout logprob must equal the
   trainer's recomputation, which no other weights give.
 
-Status: built and tested on the CPU against SGLang 0.5.23's and 0.5.17's own argument,
-sampling-parameter and weight-name handling (tests/test_sglang_worker.py); never started end to end —
-SGLang's engine needs its CUDA kernels (`sgl_kernel`): 0.5.23's do not load beside the device's torch
-2.11; 0.5.17's (sglang-kernel 0.4.5) are built for it, and the plugin supports 0.5.17, but that stack
-has not been carried to the device yet (docs/BENCHMARKS.md, "rollout.backend: sglang").
+Status: run end to end on the H200 with SGLang 0.5.17 (sglang-kernel 0.4.5, torch 2.11; session 26,
+docs/BENCHMARKS.md): the engine started with the plugin, rolled out 16 requests a step with CUDA graphs,
+took a weight update, and every rollout logprob of both steps equalled the trainer's recomputation
+(tests/test_sglang_engine_gpu.py; control: the trainer's own attention misses them). 0.5.23's CUDA
+kernels do not load beside the device's torch 2.11, so on 0.5.23 it is tested on the CPU only, against
+SGLang's own argument, sampling-parameter and weight-name handling (tests/test_sglang_worker.py).
 """
 from __future__ import annotations
 

@@ -11,7 +11,9 @@ machine with network:
 
 On this project's H200 (torch 2.11, no network), 0.5.23's sglang-kernel does not load; the torch-2.11
 stack (sglang 0.5.17, sglang-kernel 0.4.5 without FA3) travels in three parts instead:
-`bench/sglang_engine_wheels.sh` (its header gives the calls). Not yet run there.
+`bench/sglang_engine_wheels.sh` (its header gives the calls). Passed there in session 26 (docs/BENCHMARKS.md).
+The deployment's `max_num_tokens` covers the recomputation's one step of all 16 sequences (the selection
+refuses a step past it before any kernel runs, as it did on the first try there).
 """
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ def test_sglang_rollouts_are_recomputed_bit_for_bit(tmp_path):
         warnings.simplefilter("ignore")
         transformers.Qwen2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path)
     spec = ModelSpec(path=str(tmp_path), arm="detent", device="cuda", dtype="bfloat16", max_context=CONTEXT,
-                     max_batch=32, max_num_tokens=2048, sglang_tile=TILE)
+                     max_batch=32, max_num_tokens=16384, sglang_tile=TILE)
     worker = SGLangRolloutWorker(spec, RolloutSection(max_num_seqs=32, chunk_size=512), mem_fraction_static=0.3)
     model = spec.load()
     rng = random.Random(0)
