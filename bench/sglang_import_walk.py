@@ -45,16 +45,16 @@ def pretend_cuda(capability: tuple[int, int]) -> None:
     torch.version.cuda = torch.version.cuda or "13.0"
 
 
-def walk(modules: tuple[str, ...]) -> dict[str, tuple[str, str]]:
-    """{missing module: (the engine module that led there, the file that imported it)}; prints errors."""
-    missing: dict[str, tuple[str, str]] = {}
+def walk(modules: tuple[str, ...]) -> set[str]:
+    """The missing modules' names; prints each with the engine module that led there and the importing file."""
+    missing: set[str] = set()
     for name in modules:
         try:
             importlib.import_module(name)
             print(f"ok       {name}")
         except ModuleNotFoundError as e:
             where = traceback.extract_tb(e.__traceback__)[-1].filename.split("site-packages/")[-1]
-            missing.setdefault(e.name or "?", (name, where))
+            missing.add(e.name or "?")
             print(f"MISSING  {e.name} (from {name}, imported by {where})")
         except Exception as e:  # noqa: BLE001 - reported, the walk goes on
             frame = traceback.extract_tb(e.__traceback__)[-1]

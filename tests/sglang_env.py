@@ -63,8 +63,8 @@ def skip_unless_transcribed(what: str) -> None:
     """Skip the calling test module where the installed SGLang's `what` selection (a key of the plugin's
     TRANSCRIBED_FOR) was not transcribed: the plugin refuses that path there, which
     tests/test_sglang_plugin.py checks instead."""
-    from detent_rl.rollout.sglang_plugin import TRANSCRIBED_FOR
-    version = importlib.metadata.version("sglang")
+    from detent_rl.rollout.sglang_plugin import TRANSCRIBED_FOR, check_version
+    version = check_version()
     if version not in TRANSCRIBED_FOR[what]:
         pytest.skip(f"sglang {version}: its {what} selection is not transcribed (the plugin refuses it there)",
                     allow_module_level=True)
