@@ -119,7 +119,7 @@ def attention_pinned(model, split: int, max_context: int):
     from detent_rl.kernels.commitment import SiteCommitment
     t = model.selections.resolved()
     span = -(-max_context // 64) * 64
-    pins = {"is_decode": False, "num_splits": -(-max_context // split) if split else 1, "split_size": split or span}
+    pins = {"block_n": 64, "num_splits": -(-max_context // split) if split else 1, "split_size": split or span}
     return t.with_sites({k: SiteCommitment(pins, {"split_stride": 0}) for k in t.sites if k.startswith("attention")})
 
 

@@ -8,8 +8,10 @@ the online-softmax update; a key after p is masked to -inf, which leaves the sta
 untouched (alpha = exp(0) = 1, p = 0). Splits are then combined in order j = 0, 1, ... by one
 kernel shared by prefill and decode (one split in a 16-row tile: the attention kernel does that
 arithmetic itself, the same bits without a second launch or the fp32 partials). A tile of query
-rows only adds blocks that are fully masked for its shorter rows, so a row's bits do not see the
-tile either.
+rows only adds blocks that are fully masked for its shorter rows, and a row's softmax sum is a dot
+(the MMA's fixed order, see `paged_attention`), so a row's bits do not see the tile's height either:
+the query tile (block_m, its warps) is a schedule, and decode may run 16-row tiles where prefill runs
+64-row ones of the same KV width.
 
 A tile's BLOCK_M rows are either BLOCK_M queries of one head, or (`pack` = the GQA group, as
 FlashAttention-3's PackGQA) BLOCK_M // pack queries times the pack heads that share one KV head:
@@ -93,7 +95,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_
                       GROUP: tl.constexpr, PACK: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                       IEEE: tl.constexpr, UPCAST: tl.constexpr, PREFETCH: tl.constexpr, DIRECT: tl.constexpr,
-                      LSE: tl.constexpr, PDL: tl.constexpr):
+                      LSE: tl.constexpr, TREE_SUM: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     tile = tl.program_id(0)
     split = tl.program_id(2)
@@ -126,6 +128,9 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         row_sum = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        ones = tl.full([BLOCK_N, 16], 1.0, v_ptr.dtype.element_ty)  # row sums as a dot: every column one row's
+        if UPCAST:
+            ones = ones.to(tl.float32)
         if PREFETCH:  # the next block's pages and keys are loaded while this block is reduced
             kpos = lo + tl.arange(0, BLOCK_N)
             kmask = kpos < hi
@@ -159,11 +164,17 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp(m - m_safe)  # exactly 1 for a block fully masked for the row
             p = tl.exp(s - m_safe[:, None])  # exactly 0 where masked
-            row_sum = row_sum * alpha + tl.sum(p, 1)
+            if TREE_SUM:  # the former row sum: a reduction tree the tile's layout shapes (the tests' control)
+                row_sum = row_sum * alpha + tl.sum(p, 1)
             if IEEE:
+                if not TREE_SUM:
+                    row_sum = row_sum * alpha + tl.max(tl.dot(p, ones, input_precision="ieee"), 1)
                 acc = acc * alpha[:, None] + tl.dot(p, v_cur, input_precision="ieee")
             else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v_cur.dtype), v_cur)
+                w = p.to(v_cur.dtype)  # the weights the output sums, so the row sum sums them too
+                if not TREE_SUM:
+                    row_sum = row_sum * alpha + tl.max(tl.dot(w, ones), 1)
+                acc = acc * alpha[:, None] + tl.dot(w, v_cur)
             m = m_new
         if DIRECT:  # one split: `_combine_kernel`'s arithmetic on it, here (see `paged_attention`)
             total = 0.0 + row_sum
@@ -217,7 +228,7 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta, *,
                     scale: float, block_n: int, split_size: int, num_splits: int, num_warps: int = 4,
                     num_stages: int = 2, prefetch: bool = False, lse: torch.Tensor | None = None,
-                    combine: bool | None = None) -> torch.Tensor:
+                    combine: bool | None = None, tree_sum: bool = False) -> torch.Tensor:
     """Causal attention of q [T, H, D] over the paged caches (which already hold the step's keys).
     `lse` (fp32 [H, T], GPU only) receives each row's log-sum-exp of its scaled scores, from the same
     split maxima and sums the output is divided by (the trainer's FlashAttention backward takes it).
@@ -231,7 +242,16 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     saves the combine's launch and the fp32 partials. In 64-row tiles the same epilogue slowed the
     kernel by more than it saved (H200, Qwen2-0.5B heads, batch-256 decode: 29.2 against 20.4 µs a
     layer; docs/BENCHMARKS.md), so those keep the combine. `combine` forces one path (True: the
-    combine kernel; False: the kernel's own epilogue), for the tests that compare their bits."""
+    combine kernel; False: the kernel's own epilogue), for the tests that compare their bits.
+
+    A row's softmax sum is taken on the tensor cores, as a dot of the block's weights with a column of
+    ones: an MMA sums each output element over k in the order the instruction fixes, whatever the tile's
+    height and its warps (as the GEMM's rows, tests/test_kernels_matmul_gpu.py), so the query tile is a
+    schedule. `tl.sum` instead reduces in a tree the tile's layout shapes: a 16-row tile (`mma.sync`, a
+    row's keys over four warps, summed through shared memory) and a 64-row one (a warpgroup MMA, a row's
+    keys in one warp) round some rows differently. In bf16 the dot sums the bf16 weights the output's
+    dot sums (p rounded once), so the normaliser is the numerator's own. `tree_sum` runs the former
+    `tl.sum` (the tests' control)."""
     _check(q, k_cache, v_cache, meta, block_n, split_size)
     T, H, D = q.shape
     out = torch.empty_like(q)
@@ -239,6 +259,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         return out
     if not (q.is_cuda or interpreting()):
         assert lse is None, "the log-sum-exp output is the Triton kernel's"
+        assert not tree_sum, "the tree-sum control is the Triton kernel's"
         return _attention_cpu(q, k_cache, v_cache, meta, scale, block_n, split_size, out)
     assert lse is None or (lse.shape == (H, T) and lse.dtype == torch.float32 and lse.stride(1) == 1)
     direct = num_splits == 1 and (meta.block_m <= 16 if combine is None else not combine)
@@ -257,7 +278,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         GROUP=H // k_cache.shape[2], PACK=meta.pack, PAGE=k_cache.shape[1], HEAD_DIM=D, BLOCK_M=meta.block_m,
         BLOCK_N=block_n,
         SPLIT=split_size, IEEE=q.dtype == torch.float32, UPCAST=interpreting() and q.dtype != torch.float32,
-        PREFETCH=prefetch, DIRECT=direct, LSE=lse is not None, num_warps=num_warps, num_stages=num_stages, **pdl(q))
+        PREFETCH=prefetch, DIRECT=direct, LSE=lse is not None, TREE_SUM=tree_sum, num_warps=num_warps, num_stages=num_stages, **pdl(q))
     if direct:
         return out
     _combine_kernel[(T, H)](m, lsum, o, out, meta.token_pos, lse if lse is not None else m, m.stride(0),
@@ -267,19 +288,29 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return out
 
 
+CPU_ROWS = 64  # the CPU path's tile height, whatever the selection's: CPU matmuls read M
+
+
+def _cpu_tiles(meta: AttnMeta, cu: list[int]):
+    """(request, first query, queries) of each CPU tile: the selection's tiles cut into CPU_ROWS queries."""
+    for req, q0 in zip(meta.tile_req.tolist(), meta.tile_q0.tolist()):
+        end = q0 + min(meta.tile_queries, cu[req + 1] - q0)  # a packed tile's queries, each on its heads' rows
+        for c0 in range(q0, end, CPU_ROWS):
+            yield req, c0, min(CPU_ROWS, end - c0)
+
+
 def _attention_cpu(q, k_cache, v_cache, meta, scale, block_n, split_size, out):
-    """The same reduction structure in PyTorch, on fixed-shape tiles (CPU matmul reads M otherwise)."""
+    """The same reduction structure in PyTorch, on fixed-shape tiles of CPU_ROWS queries and all heads
+    (CPU matmul reads M otherwise), so the query tile is a schedule here too."""
     T, H, D = q.shape
     kvh, page = k_cache.shape[2], k_cache.shape[1]
-    group, bm = H // kvh, meta.block_m
+    group, bm = H // kvh, CPU_ROWS
     cu, pos0 = meta.cu_q.tolist(), meta.pos0.tolist()
     ns = int(meta.token_pos.max().item()) // split_size + 1
     m = torch.full((T, H, ns), float("-inf"))
     lsum = torch.zeros((T, H, ns))
     o = torch.zeros((T, H, ns, D))
-    for req, q0 in zip(meta.tile_req.tolist(), meta.tile_q0.tolist()):
-        q_end = cu[req + 1]
-        n_rows = min(meta.tile_queries, q_end - q0)  # a packed tile's queries, each on its heads' rows
+    for req, q0, n_rows in _cpu_tiles(meta, cu):
         qt = torch.zeros((bm, H, D))
         qt[:n_rows] = q[q0:q0 + n_rows].float()
         qt = qt.transpose(0, 1)  # [H, BM, D]
@@ -306,8 +337,8 @@ def _attention_cpu(q, k_cache, v_cache, meta, scale, block_n, split_size, out):
                 m_safe = torch.where(m_new == float("-inf"), 0.0, m_new)
                 alpha = torch.exp(mj - m_safe)
                 p = torch.exp(s - m_safe[..., None])
-                lj = lj * alpha + p.sum(-1)
-                pv = p if q.dtype == torch.float32 else p.to(q.dtype).float()
+                pv = p if q.dtype == torch.float32 else p.to(q.dtype).float()  # the weights the output sums
+                lj = lj * alpha + pv.sum(-1)
                 aj = aj * alpha[..., None] + torch.bmm(pv, v)
                 mj = m_new
             rows = slice(q0, q0 + n_rows)

@@ -112,7 +112,7 @@ def det_assignment(family: str, facts: dict, sol: Solution) -> tuple[dict, dict]
     if family == "attention":  # causal tiles for prefill and decode alike; one split covers the context
         block_n = attention.triton_tile.fn(True)[1]
         span = -(-facts["max_context"] // block_n) * block_n
-        pins = {"is_decode": False, "num_splits": 1, "split_size": span}  # the cut may derive some of these
+        pins = {"block_n": block_n, "num_splits": 1, "split_size": span}  # the cut may derive some of these
         return {k: v for k, v in pins.items() if k in sol.pin_nodes}, {"split_stride": 0}
     if family == "rmsnorm" and rows.pow2_at_least.fn(facts["hidden"]) > 256:
         return {"block": 256}, {}  # the large-batch block for every batch

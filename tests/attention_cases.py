@@ -49,6 +49,7 @@ class Requests:
         self.keep_lse = False  # ask the kernel for each row's log-sum-exp ([H, T], into `self.lse`)
         self.combine: bool | None = None  # one split: None as paged_attention decides; True/False forced
         self.lse: torch.Tensor | None = None
+        self.tree_sum = False  # the kernel's former row sum (`tl.sum`): the query-tile tests' control
 
     def step(self, spans: list[tuple[int, int, int]], sel) -> list[torch.Tensor]:
         """One engine step: spans of (request, first position, count); returns each span's rows."""
@@ -64,7 +65,8 @@ class Requests:
         self.lse = torch.empty(q.shape[1], q.shape[0], device=self.device) if self.keep_lse else None
         out = paged_attention(q, self.k_cache, self.v_cache, meta, scale=self.scale, block_n=cfg.block_n,
                               split_size=cfg.split_size, num_splits=cfg.num_splits, num_warps=cfg.num_warps,
-                              num_stages=2, prefetch=self.prefetch, lse=self.lse, combine=self.combine)
+                              num_stages=2, prefetch=self.prefetch, lse=self.lse, combine=self.combine,
+                              tree_sum=self.tree_sum)
         rows, at = [], 0
         for _, _, n in spans:
             rows.append(out[at:at + n])

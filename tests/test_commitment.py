@@ -148,7 +148,7 @@ def test_an_honoured_tuple_sets_the_kernels_parameters(tiny, tmp_path):
     assert resolved.sites[MM_KEY].pins["chunk"] == 128 and resolved.sites["attention"].pins["split_size"] == 256
     chosen = {k: SiteCommitment({"chunk": 256} if k == MM_KEY else {},
                                 {**resolved.sites[k].knobs, "schedule_by_m": False}) for k in matmul_sites}
-    chosen["attention"] = SiteCommitment({"is_decode": True, "split_size": 512}, {"split_stride": 0})
+    chosen["attention"] = SiteCommitment({"block_n": 128, "split_size": 512}, {"split_stride": 0})
     path = resolved.with_sites(chosen).save(tmp_path / "chosen.json")
     committed = _load(tiny, CommitmentTuple.load(path))
     assert committed.selections.resolved() == CommitmentTuple.load(path)  # every entry honoured as written
@@ -161,10 +161,10 @@ def test_an_honoured_tuple_sets_the_kernels_parameters(tiny, tmp_path):
     for m in (1, 5, 300):
         assert matmul_launch(committed, m) == (256, largest.block_m, largest.block_n, largest.block_k)
     assert matmul_launch(default, 1) == (128, smallest.block_m, smallest.block_n, smallest.block_k)  # the control
-    for batch in ((1, 1, 1, 200), (4, 100, 300, 200)):
+    for batch, rows in (((1, 1, 1, 200), 16), ((4, 100, 300, 200), 64)):  # the query tile follows the step
         att, att0 = committed.select_attention(*batch), default.select_attention(*batch)
-        assert (att.block_m, att.block_n, att.split_size) == (*triton_tile.fn(False), 512)
-        assert (att0.block_m, att0.block_n, att0.split_size) == (*triton_tile.fn(True), 256)
+        assert (att.block_m, att.block_n, att.split_size) == (rows, triton_tile.fn(False)[1], 512)
+        assert (att0.block_m, att0.block_n, att0.split_size) == (rows, triton_tile.fn(True)[1], 256)
     # and they reach the bits: the same request (its prompt spans two of the default's 64-key attention
     # tiles, one of the committed 128-key tiles) gives other logits, while the default tuple written
     # out and loaded back gives the default's bits exactly. (Logits, every prompt position: a 2-layer

@@ -103,3 +103,51 @@ assert not torch.equal(control, outs[True][0][0]), "control: another KV tile mus
 print("prefetch ok")
 """)
     assert proc.returncode == 0 and "prefetch ok" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_query_tile_is_a_schedule_on_the_cpu(dtype):
+    """The CPU path cuts every selection's tiles into CPU_ROWS queries (CPU matmuls read M): every scenario's
+    rows under 16-, 64- and 128-row tiles, packed and not, equal the 64-row one-shot prefill's bit for bit.
+    Control: the same comparison sees a change of KV tile (block_n 16), which regroups the keys."""
+    _, detent = selections()
+    reqs = Requests([290, 60, 7, 130], FACTS, dtype, "cpu", seed=1)
+    tile = lambda bm, *a: detent(*a)._replace(block_m=bm)  # noqa: E731
+    ref = scenario_outputs(reqs, 0, lambda *a: tile(64, *a), seed=2)["prefill"]
+    got = {}
+    for bm, pack in ((16, 1), (16, 2), (128, 1)):
+        reqs.pack = pack
+        out = scenario_outputs(reqs, 0, lambda *a, bm=bm: tile(bm, *a), seed=2)
+        got.update({f"{bm} rows, pack {pack}, {k}": v for k, v in out.items()})
+    assert mismatches({"prefill": ref, **got}) == []
+    narrow = lambda *a: detent(*a)._replace(block_n=16)  # noqa: E731
+    assert not torch.equal(scenario_outputs(reqs, 0, narrow, seed=2)["prefill"], ref), \
+        "control: another KV tile must change the bits"
+
+
+def test_query_tile_heights_interpreted():
+    """The Triton kernel's 16- and 32-row tiles, packed and not, address the same rows and keys as its
+    64-row prefill tile: under the interpreter (whose dot sums in k order, as an MMA's does on any tile)
+    every scenario's rows are equal (logic only; the GPU test compares the MMA kinds' bits). Control: a
+    narrower KV tile differs."""
+    from interpreted import run_interpreted
+    proc = run_interpreted("""
+import torch
+from attention_cases import FACTS, Requests, mismatches, scenario_outputs, selections
+facts = {**FACTS, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16}
+_, detent = selections(facts)
+tile = lambda bm, *a: detent(*a)._replace(block_m=bm, block_n=16, split_size=32, num_splits=16, num_stages=1)
+reqs = Requests([21, 5], facts, torch.float32, "cpu", seed=3)
+reqs.pack = 1
+ref = scenario_outputs(reqs, 0, lambda *a: tile(64, *a), seed=4)["prefill"]
+got = {}
+for bm, pack in ((16, 2), (32, 1)):
+    reqs.pack = pack
+    out = scenario_outputs(reqs, 0, lambda *a, bm=bm: tile(bm, *a), seed=4)
+    got.update({f"{bm} rows, pack {pack}, {k}": v for k, v in out.items()})
+assert mismatches({"prefill": ref, **got}) == [], mismatches({"prefill": ref, **got})
+narrow = lambda *a: tile(64, *a)._replace(block_n=8)
+assert not torch.equal(scenario_outputs(reqs, 0, narrow, seed=4)["prefill"], ref), "control"
+print("tiles ok")
+""")
+    assert proc.returncode == 0 and "tiles ok" in proc.stdout, proc.stderr[-3000:]

@@ -112,3 +112,30 @@ def test_one_split_writes_the_combines_bits(facts, dtype):
     narrow = lambda *a: detent(*a)._replace(block_n=32)  # noqa: E731
     control = scenario_outputs(reqs, 0, narrow, seed=4)["prefill"]
     assert not torch.equal(control, out[False]["prefill"]), "control: another KV tile must change the bits"
+
+
+@pytest.mark.parametrize("facts", [QWEN2_05B, LLAMA_8B], ids=["qwen2-0.5b", "llama-8b"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_query_tile_is_a_schedule(facts, dtype):
+    """A row's bits do not see its query tile's height: every scenario's rows in 16-, 32- and 128-row
+    tiles (mma.sync at 16 and 32 rows, warpgroup MMAs at 64 and 128, 4 or 8 warps), packed and not,
+    split and with one split, equal the 64-row one-shot prefill's, because the row's softmax sum is a
+    dot. Control: the kernel's former row sum (`tl.sum`, a tree the tile's layout shapes) sees the
+    change of tile in the same comparison."""
+    group = facts["num_heads"] // facts["num_kv_heads"]
+    reqs = Requests([2100, 700, 9, 1300, 64], facts, dtype, "cuda", seed=3)
+    for split_size in (1024, facts["max_context"]):
+        _, pinned = selections(facts, split_size=split_size)
+        tile = lambda bm, *a: pinned(*a)._replace(block_m=bm, num_warps=8 if bm >= 128 else 4)  # noqa: E731
+        reqs.pack = 1
+        ref = scenario_outputs(reqs, 0, lambda *a: tile(64, *a), seed=4)["prefill"]
+        got = {}
+        for bm, pack in ((16, 1), (16, group), (32, 1), (32, group), (64, group), (128, 1)):
+            reqs.pack = pack
+            out = scenario_outputs(reqs, 0, lambda *a, bm=bm: tile(bm, *a), seed=4)
+            got.update({f"split {split_size}, {bm} rows, pack {pack}, {k}": v for k, v in out.items()})
+        assert mismatches({"prefill": ref, **got}) == []
+    reqs.pack, reqs.tree_sum = 1, True
+    tree = {bm: scenario_outputs(reqs, 0, lambda *a, bm=bm: tile(bm, *a), seed=4) for bm in (16, 64)}
+    assert mismatches({"prefill": tree[64]["prefill"], **{f"16 rows, {k}": v for k, v in tree[16].items()}}), \
+        "control: a tl.sum row sum must change some row's bits with the tile's height"

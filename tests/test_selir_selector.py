@@ -115,7 +115,7 @@ def test_illegal_repin_is_refused_with_a_witness(sol):
     with pytest.raises(SelectionError, match=r"illegal: require\(num_splits \* split_size >= max_seqlen_k\).*fails at inputs"):
         sel.repin({"num_splits": 1, "split_size": 128})
     with pytest.raises(SelectionError, match="split_size % block_n"):
-        sel.repin({"is_decode": True, "split_size": 192, "num_splits": 32})
+        sel.repin({"block_n": 128, "split_size": 192, "num_splits": 32})
 
 
 def test_source_has_a_provenance_header(sol):
@@ -123,7 +123,7 @@ def test_source_has_a_provenance_header(sol):
     head = src.splitlines()[:6]
     assert head[0].startswith("# detent_rl.selir compiled selector")
     assert "program: attention" in head[1] and f"ir: {sol.ir_hash}" in head[2]
-    assert "pins: is_decode=" in head[4] and "knobs: split_stride=" in head[5]
+    assert "pins: block_n=" in head[4] and "knobs: split_stride=" in head[5]
 
 
 @pytest.mark.parametrize("module", [attn_mod, matmul_mod], ids=["attention", "matmul"])

@@ -172,7 +172,7 @@ def test_attention_candidates_are_one_per_distinct_launch():
     sol = solve(attention_program, facts)
     calls = Counter({(2, 1, 2, k): 1 for k in range(12001, 12065)})  # decode steps, then the prefills
     calls.update({(1, 12000, 12000, 12000): 2, (1, 12064, 12064, 12064): 2})
-    default = sol.assignment({"is_decode": False, "num_splits": 12, "split_size": 1024}, {"split_stride": 0})
+    default = sol.assignment({"block_n": 64, "num_splits": 12, "split_size": 1024}, {"split_stride": 0})
     kept = candidates("attention", sol, default, calls, facts)
     legal = set(sol.legal)
     assert len(legal) > 100_000 and 50 < len(kept) < 300 and kept[0] == default and set(kept) <= legal

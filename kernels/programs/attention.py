@@ -11,9 +11,11 @@ Our kernels add the `split_stride` knob: a fixed split size aligned to absolute 
 (0 keeps FA3's count-based splitting). With a fixed stride, prefill, chunked prefill, decode and
 the trainer's one-shot prefill cut every row's keys at the same places.
 
-`pack_gqa` (a tile's rows are queries times the heads of one GQA group), `num_stages` and `kv_prefetch`
-(the next KV block's pages and keys loaded while a block is reduced) are declared a schedule: they
-change which CTA computes a row and how far ahead it loads, not the row's arithmetic
+The query tile (`block_m`, with its `num_warps`), `pack_gqa` (a tile's rows are queries times the heads of
+one GQA group), `num_stages` and `kv_prefetch` (the next KV block's pages and keys loaded while a block is
+reduced) are declared a schedule: they change which CTA computes a row and how far ahead it loads, not the
+row's arithmetic (a row's softmax sum is a dot, whose order no tile height changes; the KV tile `block_n`
+regroups the keys and stays pinned)
 (`kernels/attention.py`; the GPU tests compare packed and unpacked bits,
 bench/attention_decode_sweep.py the stages), so they may follow the batch in every arm. Decode takes
 two stages: a packed 64x64 decode tile ran 8.7 µs in two and 10.6 µs in three at batch 1, 28 and 41 µs
@@ -41,7 +43,7 @@ def triton_tile(is_causal: Runtime[bool]):
     return (16, 128)
 
 
-@selection(name="attention", schedule=("pack_gqa", "num_stages", "kv_prefetch"))
+@selection(name="attention", schedule=("block_m", "num_warps", "pack_gqa", "num_stages", "kv_prefetch"))
 def attention_program(batch: Runtime[int], max_seqlen_q: Unpinnable[int], num_tokens: Unpinnable[int],
                       max_seqlen_k: Unpinnable[int], num_heads: Fact[int], num_kv_heads: Fact[int],
                       head_dim: Fact[int], num_sms: Fact[int], page_size: Fact[int], max_context: Fact[int],
@@ -60,10 +62,14 @@ def attention_program(batch: Runtime[int], max_seqlen_q: Unpinnable[int], num_to
     # FA3 drops causality for single-query batches except hdim 128 with paged KV: decode then
     # reads the KV cache in wider tiles than prefill did.
     is_decode = max_seqlen_q == 1
-    is_causal = not (is_decode and (d <= 64 or d > 128 or page_size == 0))
-    block_m, block_n = triton_tile(is_causal)
+    wide_kv = d <= 64 or d > 128 or page_size == 0
+    is_causal = not (is_decode and wide_kv)
+    _, block_n = triton_tile(is_causal)
     if split_stride != 0 and split_stride % block_n != 0:
         block_n = 64  # our split kernel needs KV tiles that divide the fixed split size
+    # The query tile follows the step itself (a schedule: a row's sums do not see the tile's height), not
+    # `is_causal`, which the cut pins: a pinned prefill KV width still decodes in 16-row tiles.
+    block_m, _ = triton_tile(not (max_seqlen_q < 2 and wide_kv))
     num_warps = 8 if block_m >= 128 else 4
     stage_bytes = (block_m + 2 * block_n) * d * dtype_bytes
     num_stages = 2 if 3 * stage_bytes > smem_bytes else 3
@@ -95,8 +101,11 @@ def attention_program(batch: Runtime[int], max_seqlen_q: Unpinnable[int], num_to
     # one wave: a latency-bound call whose few CTAs each walk a chain of blocks (the splits of a long
     # context add CTAs, but the KV length is not read here: a decode graph serves every length). With
     # more CTAs than SMs the registers it holds cost more occupancy than it hides latency, and 128-key
-    # tiles hold twice as many.
-    kv_prefetch = block_n == 64 and max_seqlen_q < 2 and batch * (num_kv_heads if pack_gqa else num_heads) <= num_sms
+    # tiles hold twice as many. 64-row tiles only: a 16-row decode tile ran slower with it in every case
+    # measured (H200, Qwen2-0.5B heads, 64-key tiles: 5.9 against 6.1 µs at batch 1, 20.8 against 28.8 at
+    # batch 256, 71.4 against 74.4 at 2 x 12,000 keys; docs/BENCHMARKS.md, session 27).
+    kv_prefetch = block_n == 64 and block_m == 64 and max_seqlen_q < 2 and \
+        batch * (num_kv_heads if pack_gqa else num_heads) <= num_sms
 
     require(1 <= num_splits <= MAX_SPLITS, "the partial-output buffer holds MAX_SPLITS splits")
     require(split_size % block_n == 0, "a KV tile must not straddle two splits")
