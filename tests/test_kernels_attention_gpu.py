@@ -130,7 +130,8 @@ def test_query_tile_is_a_schedule(facts, dtype):
         reqs.pack = 1
         ref = scenario_outputs(reqs, 0, lambda *a: tile(64, *a), seed=4)["prefill"]
         got = {}
-        for bm, pack in ((16, 1), (16, group), (32, 1), (32, group), (64, group), (128, 1)):
+        tiles = ((16, 1), (16, group), (32, 1), (32, group), (64, group)) + ((128, 1),) * (dtype != torch.float32)
+        for bm, pack in tiles:  # (fp32's IEEE dot is FMAs in k order in any tile; 128 rows of them compile slowly)
             reqs.pack = pack
             out = scenario_outputs(reqs, 0, lambda *a, bm=bm: tile(bm, *a), seed=4)
             got.update({f"split {split_size}, {bm} rows, pack {pack}, {k}": v for k, v in out.items()})
