@@ -248,6 +248,11 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, config.rms_norm_eps, selections, device, dtype, self.num_kv_heads)
         self.rotary = rotary
         self._select = selections.get("attention")
+        # The stock arm needs no tile-neutral row sum, so it runs the faster one for its tile: `tl.sum` in 128-key
+        # tiles (its 16 x 128 decode tile: 20.0 against 22.3 µs at batch 256, 44.6 against 52.4 at 2 x 12,000),
+        # the dot in 64-key ones (its 64 x 64 prefill tile: equal or faster everywhere measured;
+        # docs/BENCHMARKS.md, session 27). A stock engine's attention (FlashAttention's) sums in a tree too.
+        self._stock = selections.arm in ("stock", "corun")
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         ctx = get_context()
@@ -274,5 +279,6 @@ class Attention(nn.Module):
                                f"build it with CausalLM.select_attention and attention_tiling")
         out = attention_autograd(q, k, v, k_cache, v_cache, ctx.slots, ctx.meta, scale=self.scale,
                                  block_n=s.block_n, split_size=s.split_size, num_splits=s.num_splits,
-                                 num_warps=s.num_warps, num_stages=s.num_stages, prefetch=s.kv_prefetch)
+                                 num_warps=s.num_warps, num_stages=s.num_stages, prefetch=s.kv_prefetch,
+                                 tree_sum=self._stock and s.block_n == 128)
         return self.o_proj(out.reshape(tokens, self.q_size))
