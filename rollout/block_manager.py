@@ -45,6 +45,7 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: deque[int] = deque(range(num_blocks))
         self.by_hash: dict[bytes, int] = {}
+        self._hashed: tuple[list[int], list[bytes]] = ([], [])  # the last allocation's tokens and block hashes
 
     @property
     def num_free(self) -> int:
@@ -68,12 +69,12 @@ class BlockManager:
             raise RuntimeError(f"sequence {seq.seq_id} already holds blocks")
         if not self.can_allocate(seq):
             raise RuntimeError(f"{seq.num_blocks} blocks needed, {self.num_free} free")
-        prefix, hit = b"", True
+        hit = True
+        hashes = self._full_block_hashes(seq.tokens) if self.prefix_cache else []
         seq.num_cached = 0
         for i in range(seq.num_blocks):
             tokens = seq.block_tokens(i)
-            full = len(tokens) == self.block_size
-            h = block_hash(tokens, prefix) if full and self.prefix_cache else None
+            h = hashes[i] if i < len(hashes) else None  # full blocks only
             cached = self.by_hash.get(h) if h is not None and hit else None
             if cached is not None and self.blocks[cached].tokens == tokens:
                 block = self.blocks[cached]
@@ -86,11 +87,23 @@ class BlockManager:
                 block = self._take()
                 if h is not None:  # registered by cache_computed once a step computes it
                     block.hash, block.tokens = h, list(tokens)
-            prefix = h or prefix
             seq.block_table.append(block.id)
         # at least the last prompt token is recomputed: its logits start the decode
         seq.num_cached = min(seq.num_cached, seq.num_prompt - 1)
         seq.num_computed = seq.num_cached
+
+    def _full_block_hashes(self, tokens: list[int]) -> list[bytes]:
+        """The chained hash of each full block of `tokens`; the last allocation's when `tokens` equal its
+        (a GRPO group's samples share their prompt: seven of its eight allocations hashed it again, ~1 µs a
+        block, 3,072 blocks a 32 x 8 batch)."""
+        if self._hashed[0] == tokens:
+            return self._hashed[1]
+        n, prefix, hashes = self.block_size, b"", []
+        for i in range(len(tokens) // n):
+            prefix = block_hash(tokens[i * n:(i + 1) * n], prefix)
+            hashes.append(prefix)
+        self._hashed = (list(tokens), hashes)
+        return hashes
 
     def cache_computed(self, seq: Sequence, upto: int) -> None:
         """Register the full blocks whose tokens all lie before `upto` (computed by the scheduled step)."""

@@ -43,6 +43,27 @@ def test_shared_prefix_hits_full_blocks_only():
     assert c.num_cached == 0 and not set(c.block_table) & set(a.block_table)
 
 
+def test_a_group_of_samples_hashes_its_prompt_once_and_other_prompts_afresh():
+    """Each full block's hash chains every block before it; a group's samples (the same prompt, allocated in
+    a row) reuse the first one's hashes, and a prompt that differs only in its first block gets other hashes
+    for every block after it, right after the group (no stale reuse)."""
+    from detent_rl.rollout.block_manager import block_hash
+    bm = BlockManager(32, 4)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    chain = [block_hash([1, 2, 3, 4], b"")]
+    chain.append(block_hash([5, 6, 7, 8], chain[0]))
+    group = [seq(prompt) for _ in range(3)]
+    for s in group:
+        bm.allocate(s)
+        computed(bm, s)
+    assert [bm.blocks[i].hash for i in group[0].block_table[:2]] == chain
+    assert all(s.block_table[:2] == group[0].block_table[:2] and s.num_cached == 8 for s in group[1:])
+    other = seq([0, 2, 3, 4, 5, 6, 7, 8, 9])
+    bm.allocate(other)
+    assert other.num_cached == 0 and not set(other.block_table) & set(group[0].block_table)
+    assert bm.blocks[other.block_table[1]].hash == block_hash([5, 6, 7, 8], block_hash([0, 2, 3, 4], b"")) != chain[1]
+
+
 def test_a_whole_cached_prompt_still_recomputes_its_last_token():
     bm = BlockManager(8, 4)
     a, b = seq(range(8)), seq(range(8))
