@@ -41,8 +41,11 @@ refuses it, so tune with the run's recipe (or pass the run's limits with --model
     python -m detent_rl.tune --model qwen2-0.5b --device cuda --prompts 32 --samples 8 --max-num-seqs 256 \
         --prompt-len 200 --new-tokens 256 --out t.json
 
-`--families matmul` searches one family (the others keep the tuple's values). A workload the
-deployment cannot run (`Workload.check`) is refused before anything runs.
+`--families matmul` searches one family (the others keep the tuple's values: the model's own, or with
+`--commitment FILE` a tuple tuned before, e.g. to re-tune one family after its kernel changed). A workload
+the deployment cannot run (`Workload.check`) is refused before anything runs.
+
+    python -m detent_rl.tune --model qwen2-0.5b ... --commitment old.json --families attention --out new.json
 """
 from __future__ import annotations
 
@@ -58,7 +61,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from detent_rl.kernels.attention import attn_meta, paged_attention
-from detent_rl.kernels.commitment import CommitmentTuple, SiteCommitment
+from detent_rl.kernels.commitment import CommitmentError, CommitmentTuple, SiteCommitment
 from detent_rl.kernels.log_softmax import token_logprobs
 from detent_rl.kernels.matmul import launch_params, linear
 from detent_rl.kernels.rmsnorm import rmsnorm
@@ -352,6 +355,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="skip the check: the workload on the model's and the tuned tuple, alternately (additivity)")
     ap.add_argument("--families", default=",".join(TUNED),
                     help=f"comma-separated families to search, of {', '.join(TUNED)} (the rest keep the tuple's values)")
+    ap.add_argument("--commitment", help="start from this tuple (without --recipe; a recipe names its own): the "
+                                         "families not searched keep its values")
     ap.add_argument("--out", required=True, help="the commitment-tuple JSON to write")
     args = ap.parse_args(argv)
     if args.repeats < 1:
@@ -360,6 +365,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.recipe:
         if given:
             ap.error(f"--recipe sets the deployment limits; {', '.join(given)} cannot be given with it")
+        if args.commitment:
+            ap.error("--recipe names its tuple (model.commitment); --commitment cannot be given with it")
         model, workload, build = recipe_workload(args.recipe, args.overrides)
     else:
         if not args.model:
@@ -368,7 +375,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         from detent_rl.models.builtin import NAMES, builtin_checkpoint
         path = builtin_checkpoint(args.model) if args.model in NAMES else Path(args.model)
         kw = dict(device=args.device, dtype=getattr(torch, args.dtype), **{**limits, **given})
-        model = load_model(path, "detent", **kw)
+        try:  # a tuple that cannot be read, or was made for another deployment or model, stops here
+            start = CommitmentTuple.load(args.commitment) if args.commitment else None
+            model = load_model(path, "detent", commitment=start, **kw)
+        except CommitmentError as e:
+            ap.error(f"--commitment: {e}")
         try:
             workload = Workload(args.prompts, args.prompt_len, args.new_tokens, args.micro_batch, args.max_num_seqs,
                                 args.samples)

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 import torch
 
-from detent_rl.kernels.commitment import CommitmentError, CommitmentTuple
+from detent_rl.kernels.commitment import CommitmentError, CommitmentTuple, SiteCommitment
 from detent_rl.models import load_model
 from detent_rl.models.layers import Linear
 from detent_rl.rollout.engine import Engine
@@ -242,6 +242,28 @@ def test_cli_and_its_errors(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "| attention" in text and "| matmul" not in text and "(family not asked for): " in text
     assert "matmul" in text.split("(family not asked for): ")[1]
+    # ... and with --commitment, they keep that tuple's values: a matmul site set to a legal non-default
+    # assignment survives an attention-only search (without it the model's default would be written)
+    sel = load_model(path, "detent", dtype=torch.float32, **LIMITS).selections
+    start = sel.resolved()
+    key, sol = next((k, sel.solution(f, **site)) for k, (f, site) in sorted(sel.sites().items())
+                    if f == "matmul" and len(sel.solution(f, **site).legal) > 1)
+    default = sol.assignment(dict(start.sites[key].pins), dict(start.sites[key].knobs))
+    other = next(a for a in sol.legal if a != default)
+    start.with_sites({key: SiteCommitment(*sol.split(other))}).save(tmp_path / "start.json")
+    assert main(["--model", str(path), "--dtype", "float32", *shape, "--no-check", "--families", "attention",
+                 "--commitment", str(tmp_path / "start.json"),
+                 *(f"--{k.replace('_', '-')}={v}" for k, v in LIMITS.items()), "--out", str(out)]) == 0
+    kept = CommitmentTuple.load(out).sites[key]
+    assert sol.assignment(dict(kept.pins), dict(kept.knobs)) == other != default
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # made for other limits: refused, naming the mismatch
+        main(["--model", str(path), "--dtype", "float32", *shape, "--commitment", str(tmp_path / "start.json"),
+              "--out", str(out)])
+    assert "--commitment: " in (err := capsys.readouterr().err) and "deployment: max_context: tuple 256" in err
+    with pytest.raises(SystemExit):
+        main(["--recipe", "r.yaml", "--commitment", str(tmp_path / "start.json"), "--out", str(out)])
+    assert "--commitment cannot be given with it" in capsys.readouterr().err
 
 
 def test_cold_copies_rotate_over_enough_bytes():
