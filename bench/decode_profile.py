@@ -11,10 +11,10 @@ decodes `--batch` greedy requests (seeded sampling with `--temperature T`) from 
 prompts with CUDA-graph decode, times the `--steps` decode steps after every request's first token
 (median of three runs after a warm-up that captures the graphs), and profiles them once more with
 the torch profiler (CUPTI reports each kernel a graph replay launches). Prints per arm and batch:
-wall ms per step, GPU kernel ms per step (kernels summed: the rest of the wall is host time and
-launch gaps), that rest split into gaps between a step's kernels (under 20 µs: inside the replayed
-graph, by kernel pair) and between steps (the host), and the kernels by time per step with their
-launches per step. Kernel names are shortened (Triton kernels keep their function name;
+wall ms per step, the GPU's busy ms per step (the kernels' spans' union; the rest of the wall is host
+time and launch gaps) and the kernels' own times summed, the rest split into gaps between a step's kernels
+(under 20 µs: inside the replayed graph, by kernel pair) and between steps (the host), and the kernels by
+time per step with their launches per step. Kernel names are shortened (Triton kernels keep their function name;
 cuBLAS/CUTLASS kernels their family). `--pdl on,off` runs each arm and batch with our kernels'
 programmatic dependent launch on and off (DETENT_PDL), in one process. With PDL a kernel may be
 resident while its predecessor drains, so kernel times can overlap: compare the wall times.
@@ -99,18 +99,26 @@ def _per_kernel(p, steps: int) -> tuple[float, dict, dict]:
 
 
 def _gaps(prof, steps: int, host_gap_us: float = 20.0) -> dict:
-    """Idle time between consecutive kernels, per step: short gaps (inside a replayed graph) by the
-    kernel pair around them, and long ones (the host between steps) in total."""
+    """The device's busy time (the kernels' spans' union) and its idle time between kernels, per step: short
+    gaps (inside a replayed graph) by the kernel pair around them, and long ones (the host between steps) in
+    total. Under PDL a kernel's span opens while its predecessor still runs (its programs resident, waiting),
+    so spans overlap, and the device idles only where no span is open: a gap runs from the latest end so far
+    (before, from the previous span's end, which counted time under a longer, overlapping span as idle)."""
     spans = sorted((e.time_range.start, e.time_range.end, short(e.name)) for e in prof.events()
                    if e.device_time > 0 and e.device_type == torch.autograd.DeviceType.CUDA)
-    pairs, host = defaultdict(float), 0.0
-    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
-        gap = start - end
-        if gap >= host_gap_us:
-            host += gap
-        elif gap > 0:
-            pairs[f"{a} -> {b}"] += gap
-    return {"host_us": host / steps, "in_graph_us": sum(pairs.values()) / steps,
+    pairs, host, busy = defaultdict(float), 0.0, 0.0
+    last_end, last = None, ""
+    for start, end, name in spans:
+        if last_end is not None:
+            gap = start - last_end
+            if gap >= host_gap_us:
+                host += gap
+            elif gap > 0:
+                pairs[f"{last} -> {name}"] += gap
+        busy += end - start if last_end is None else max(0.0, end - max(start, last_end))
+        if last_end is None or end > last_end:
+            last_end, last = end, name
+    return {"host_us": host / steps, "in_graph_us": sum(pairs.values()) / steps, "busy_us": busy / steps,
             "pairs": sorted(((k, v / steps) for k, v in pairs.items()), key=lambda kv: -kv[1])[:6]}
 
 
@@ -184,10 +192,10 @@ def main() -> None:
             unit = "prefill" if args.phase == "prefill" else "step"
             print(f"\n## {args.model}, arm {arm}, PDL {pdl}, one-split combine {combine}, batch {b}, "
                   f"T {args.temperature:g}, {args.phase}: "
-                  f"{wall:.3f} ms/{unit} wall, {gpu:.3f} ms/{unit} GPU kernels "
-                  f"({launches:.0f} launches/{unit}), {wall - gpu:.3f} ms/{unit} host and gaps: between kernels "
-                  f"{gaps['in_graph_us'] / 1e3:.3f}, longer gaps (the host) {gaps['host_us'] / 1e3:.3f} "
-                  "(profiled run)\n")
+                  f"{wall:.3f} ms/{unit} wall, GPU busy {gaps['busy_us'] / 1e3:.3f} ms/{unit} (kernels summed "
+                  f"{gpu:.3f}, {launches:.0f} launches/{unit}), {wall - gaps['busy_us'] / 1e3:.3f} ms/{unit} host "
+                  f"and gaps: between kernels {gaps['in_graph_us'] / 1e3:.3f}, longer gaps (the host) "
+                  f"{gaps['host_us'] / 1e3:.3f} (profiled run)\n")
             print(f"largest gaps between kernels (µs/{unit}): " + "; ".join(f"{k} {v:.1f}" for k, v in gaps["pairs"]))
             print(f"| kernel | launches/{unit} | µs/{unit} | µs/launch |\n|---|---|---|---|")
             for name, (c, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:args.top]:
