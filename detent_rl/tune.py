@@ -23,7 +23,11 @@
    measured saving's distance from the predicted one over T(tuned), is the families' interaction and
    not the setup. The profiled run (recording on, one engine alive, timed once) is still reported but
    not predicted from: against one later run of the tuned engine it put a 22 % "error" on the H200 on
-   a tuple that was faster than the default.
+   a tuple that was faster than the default. Each round's pair gives a saving of its own, and the
+   report says how the rounds' savings spread, by phase too (generate; rescore, whose eager forwards
+   are host-bound and spread most): where the spread holds both no saving and the predicted one, the
+   check cannot tell them apart (session 28 on the H200: five rounds measured a 40 ms-faster tuple
+   236 ms slower, its rescoring spreading 0.84-1.43 s a round).
 
 Families measured: matmul (its pin is the K partition; its knobs the schedule per M bucket; its
 replays rotate the weights through copies, `timing.cold_copies`, so they come from HBM as in a step
@@ -101,6 +105,9 @@ class TuneReport:
     default_s: Optional[float] = None  # the model's tuple, median of the check's rounds beside the tuned one
     measured_s: Optional[float] = None  # the tuned tuple, median of the same rounds
     rounds: int = 0  # the check's rounds (each one run on either engine)
+    default_phases: Optional[tuple[float, float]] = None  # (generate, rescore) medians of the check's rounds
+    measured_phases: Optional[tuple[float, float]] = None
+    round_savings: list[float] = field(default_factory=list)  # each round's default minus tuned, seconds
     search_s: float = 0.0
 
     @property
@@ -126,6 +133,18 @@ class TuneReport:
             return None
         return abs(self.measured_s - self.predicted_s) / self.measured_s
 
+    def round_verdict(self) -> str:
+        """What the check's rounds can tell: each round runs both tuples, so its saving is paired; where the
+        rounds' savings span both no saving and the predicted one, their spread (on the GPU mostly the eager,
+        host-bound rescoring) hides the difference at this many rounds."""
+        lo, hi, n = min(self.round_savings), max(self.round_savings), len(self.round_savings)
+        faster = sum(x > 0 for x in self.round_savings)
+        text = f"each round's saving: {lo:.3f} to {hi:.3f} s, the tuned tuple faster in {faster} of {n} rounds"
+        if lo <= 0 <= hi and lo <= self.predicted_saving_s <= hi:
+            text += (f"; the spread holds both no saving and the predicted {self.predicted_saving_s:.3f} s: the check "
+                     f"cannot tell them apart in {n} rounds (more with --repeats, or time the phase that was tuned)")
+        return text
+
     def render(self) -> str:
         lines = ["| site | grid | measured | calls | default | tuned | site time default -> tuned |",
                  "|---|---|---|---|---|---|---|"]
@@ -148,10 +167,16 @@ class TuneReport:
             lines.append(f"workload with the tuned tuple: predicted {self.predicted_s:.3f} s (saving predicted "
                          f"{self.predicted_saving_s:.3f} s from the profiled run; not measured)")
         else:
+            phases = ""
+            if self.default_phases is not None and self.measured_phases is not None:
+                (g0, r0), (g1, r1) = self.default_phases, self.measured_phases
+                phases = f" (generate {g0:.3f} -> {g1:.3f} s, rescore {r0:.3f} -> {r1:.3f} s)"
             lines.append(f"workload, model's tuple -> tuned, medians of {self.rounds} alternating rounds: "
-                         f"{self.default_s:.3f} -> {self.measured_s:.3f} s; saving measured "
+                         f"{self.default_s:.3f} -> {self.measured_s:.3f} s{phases}; saving measured "
                          f"{self.measured_saving_s:.3f} s, predicted {self.predicted_saving_s:.3f} s "
                          f"(additivity error {self.additivity_error:.1%})")
+            if self.round_savings:
+                lines.append(self.round_verdict())
         if self.untuned:
             lines.append(f"kept at the tuple's values (not measured by this tuner yet): {', '.join(self.untuned)}")
         if self.skipped:
@@ -298,11 +323,16 @@ def tune(model: CausalLM, workload: Workload, *, build: Optional[Callable[[Commi
         # both engines alive and alternating, so drift and the second engine's cost fall on both alike
         checked = workload.engine(build(out))
         workload.run(checked)  # warm-up
-        times: dict[Engine, list[float]] = {engine: [], checked: []}
+        times: dict[Engine, list[tuple[float, float]]] = {engine: [], checked: []}
         for r in range(repeats):  # which goes first alternates: a place in the round favours neither
             for e in (engine, checked) if r % 2 == 0 else (checked, engine):
-                times[e].append(workload.run(e))
-        report.default_s, report.measured_s = (statistics.median(times[e]) for e in (engine, checked))
+                times[e].append(workload.run_phases(e))
+        totals = {e: [sum(t) for t in ts] for e, ts in times.items()}
+        report.default_s, report.measured_s = (statistics.median(totals[e]) for e in (engine, checked))
+        report.default_phases, report.measured_phases = (
+            (statistics.median(t[0] for t in times[e]), statistics.median(t[1] for t in times[e]))
+            for e in (engine, checked))
+        report.round_savings = [a - b for a, b in zip(totals[engine], totals[checked])]
         report.rounds = repeats
     return out, report
 

@@ -106,29 +106,41 @@ def test_check_times_both_engines_alternately_and_predicts_from_the_default(tmp_
     # warm-up, profile, tuned warm-up, then 3 rounds, which one goes first alternating: (default, tuned),
     # (tuned, default), (default, tuned); medians 2.2 and 1.7, neither the last round's (2.9, 1.5) nor
     # the mean (2.37, 1.9)
-    scripted = iter([9.0, 5.0, 9.0, 2.0, 1.7, 2.5, 2.2, 2.9, 1.5])
+    # (generate, rescore) each run; the totals as above
+    scripted = iter([(8.0, 1.0), (4.0, 1.0), (8.0, 1.0), (1.5, 0.5), (1.25, 0.5), (2.0, 0.5), (1.625, 0.625),
+                     (2.25, 0.625), (1.0, 0.5)])
     engines = []
-    real = Workload.run
+    real = Workload.run_phases
 
-    def run(self, engine):
+    def run_phases(self, engine):
         real(self, engine)
         engines.append(engine)
         return next(scripted)
-    monkeypatch.setattr(Workload, "run", run)
+    monkeypatch.setattr(Workload, "run_phases", run_phases)
     build = lambda t: load_model(path, "detent", dtype=torch.float32, commitment=t, **LIMITS)  # noqa: E731
     _, report = tune(model, Workload(prompts=2, prompt_len=12, new_tokens=3, micro_batch=2), build=build, repeats=3,
                      families=("log_softmax",), log=lambda _: None)
     default, tuned = engines[0], engines[2]
     assert default is not tuned and engines == [default, default, tuned] + [default, tuned, tuned, default, default, tuned]
-    assert (report.profiled_s, report.default_s, report.measured_s, report.rounds) == (5.0, 2.2, 1.7, 3)
-    assert report.sites and report.measured_saving_s == pytest.approx(0.5)
+    assert (report.profiled_s, report.default_s, report.measured_s, report.rounds) == (5.0, 2.25, 1.75, 3)
+    assert report.default_phases == (1.625, 0.625) and report.measured_phases == (1.25, 0.5)
+    assert report.round_savings == [0.25, -0.25, 1.375]  # each round's pair: (2, 1.75), (2.25, 2.5), (2.875, 1.5)
+    assert report.sites and report.measured_saving_s == 0.5
     gains = sum(s.default_s - s.best_s for s in report.sites)
-    assert report.predicted_saving_s == gains and report.predicted_s == pytest.approx(2.2 - gains, rel=1e-12, abs=0)
-    assert report.additivity_error == pytest.approx(abs(1.7 - (2.2 - gains)) / 1.7)
+    assert report.predicted_saving_s == gains and report.predicted_s == pytest.approx(2.25 - gains, rel=1e-12, abs=0)
+    assert report.additivity_error == pytest.approx(abs(1.75 - (2.25 - gains)) / 1.75)
     text = report.render()
     assert "profiled run (model's tuple, selector calls recorded, once): 5.000 s" in text
-    assert (f"medians of 3 alternating rounds: 2.200 -> 1.700 s; saving measured 0.500 s, predicted {gains:.3f} s"
-            in text)
+    assert (f"medians of 3 alternating rounds: 2.250 -> 1.750 s (generate 1.625 -> 1.250 s, rescore 0.625 -> "
+            f"0.500 s); saving measured 0.500 s, predicted {gains:.3f} s" in text)
+    assert "each round's saving: -0.250 to 1.375 s, the tuned tuple faster in 2 of 3 rounds" in text
+    # the verdict: a spread that holds both 0 and the predicted saving cannot tell them apart; one that does not can
+    lo, hi = min(0.0, gains) - 0.25, max(0.0, gains) + 0.25
+    report.round_savings = [lo, (lo + hi) / 2, hi]
+    assert "cannot tell them apart in 3 rounds" in report.round_verdict()
+    report.round_savings = [hi + 0.5, hi + 0.75, hi + 1.0]
+    assert "cannot tell" not in report.round_verdict()
+    assert "faster in 3 of 3 rounds" in report.round_verdict()
 
 
 def test_search_measures_a_tenth_of_a_large_grid_and_reaches_the_separable_optimum():
