@@ -107,16 +107,15 @@ def _gaps(prof, steps: int, host_gap_us: float = 20.0) -> dict:
     spans = sorted((e.time_range.start, e.time_range.end, short(e.name)) for e in prof.events()
                    if e.device_time > 0 and e.device_type == torch.autograd.DeviceType.CUDA)
     pairs, host, busy = defaultdict(float), 0.0, 0.0
-    last_end, last = None, ""
+    last_end, last = (spans[0][0] if spans else 0.0), ""  # the first span opens with no gap before it
     for start, end, name in spans:
-        if last_end is not None:
-            gap = start - last_end
-            if gap >= host_gap_us:
-                host += gap
-            elif gap > 0:
-                pairs[f"{last} -> {name}"] += gap
-        busy += end - start if last_end is None else max(0.0, end - max(start, last_end))
-        if last_end is None or end > last_end:
+        gap = start - last_end
+        if gap >= host_gap_us:
+            host += gap
+        elif gap > 0:
+            pairs[f"{last} -> {name}"] += gap
+        busy += max(0.0, end - max(start, last_end))
+        if end > last_end:
             last_end, last = end, name
     return {"host_us": host / steps, "in_graph_us": sum(pairs.values()) / steps, "busy_us": busy / steps,
             "pairs": sorted(((k, v / steps) for k, v in pairs.items()), key=lambda kv: -kv[1])[:6]}
