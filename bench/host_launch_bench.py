@@ -16,7 +16,10 @@ eagerly (no CUDA graph: a prefill step's shape changes with the batch). Per forw
 - GPU: the forward's kernels summed (torch profiler, one more forward), and the launches.
 A forward with host >= GPU is host-bound: its kernels wait for their launches. `--host-top N` prints the
 host's N costliest functions by own time over one more forward (cProfile). `--commitment` adds the arm
-`tuned` (detent with that tuple).
+`tuned` (detent with that tuple). `--launch direct,triton` times each forward's host under both launch paths
+of our Triton kernels (`kernels._triton.launch`: the compiled kernel found by Triton's own key and launched
+directly, or Triton's `JITFunction.run`, DETENT_LAUNCH=triton), alternating rep by rep, and checks that both
+paths give the same logits, bit for bit.
 """
 from __future__ import annotations
 
@@ -54,25 +57,34 @@ def forward_inputs(model, tokens: int, prompt_len: int, seed: int = 0):
 
 
 @torch.inference_mode()
-def measure(model, tokens: int, prompt_len: int, reps: int, host_top: int) -> dict:
+def measure(model, tokens: int, prompt_len: int, reps: int, host_top: int, launches: list[str]) -> dict:
     ids, pos, ctx = forward_inputs(model, tokens, prompt_len)
 
     def forward():
         with set_context(ctx):
             return model(ids, pos)
 
-    for _ in range(3):  # compiles, autotunes, fills the allocator's cache
-        forward()
-    host, wall = [], []
+    logits = {}
+    for path in launches:  # compiles, autotunes, fills the allocator's cache; both paths' logits
+        os.environ["DETENT_LAUNCH"] = path
+        for _ in range(3):
+            logits[path] = forward()
+    if len({t.view(torch.int16).cpu().numpy().tobytes() for t in logits.values()}) != 1:
+        raise SystemExit(f"the launch paths {launches} gave different logits: a wrong compiled variant")
+    host = {path: [] for path in launches}
+    wall = {path: [] for path in launches}
     for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        forward()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        host.append(1e3 * (t1 - t0))
-        wall.append(1e3 * (t2 - t0))
+        for path in launches:
+            os.environ["DETENT_LAUNCH"] = path
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            forward()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            host[path].append(1e3 * (t1 - t0))
+            wall[path].append(1e3 * (t2 - t0))
+    os.environ["DETENT_LAUNCH"] = launches[0]
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as p:
         forward()
@@ -83,7 +95,9 @@ def measure(model, tokens: int, prompt_len: int, reps: int, host_top: int) -> di
             forward()
         torch.cuda.synchronize()
         pstats.Stats(prof).sort_stats("tottime").print_stats(host_top)
-    return {"host": statistics.median(host), "wall": statistics.median(wall), "gpu": gpu,
+    os.environ.pop("DETENT_LAUNCH")
+    return {"host": {k: statistics.median(v) for k, v in host.items()},
+            "wall": {k: statistics.median(v) for k, v in wall.items()}, "gpu": gpu,
             "launches": sum(c for c, _ in kernels.values())}
 
 
@@ -96,7 +110,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--host-top", type=int, default=0)
     ap.add_argument("--commitment", default="")
+    ap.add_argument("--launch", default="direct", help="comma-separated launch paths, of direct, triton")
     args = ap.parse_args()
+    launches = [x.strip() for x in args.launch.split(",") if x.strip()]
+    if not launches or set(launches) - {"direct", "triton"}:
+        ap.error(f"--launch {args.launch!r}: give direct, triton or both")
     path = builtin_checkpoint(args.model) if args.model in NAMES else args.model
     sizes = [int(t) for t in args.tokens.split(",")]
     limits = dict(max_context=max(args.prompt_len, 64), max_batch=max(sizes), max_num_tokens=max(sizes))
@@ -104,15 +122,16 @@ def main() -> None:
     if commitment is not None:
         limits = {k: commitment.deployment[k] for k in limits}
     arms = args.arms.split(",") + (["tuned"] if commitment is not None else [])
-    print(f"| arm | tokens | host ms | wall ms | GPU ms (kernels summed) | launches | host / GPU |\n"
-          f"|---|---|---|---|---|---|---|")
+    print(f"| arm | tokens | launch | host ms | wall ms | GPU ms (kernels summed) | launches | host / GPU |\n"
+          f"|---|---|---|---|---|---|---|---|")
     for arm in arms:
         model = load_model(path, "detent" if arm == "tuned" else arm, device="cuda", dtype=torch.bfloat16,
                            commitment=commitment if arm == "tuned" else None, **limits)
         for tokens in sizes:
-            r = measure(model, tokens, args.prompt_len, args.reps, args.host_top)
-            print(f"| {arm} | {tokens} | {r['host']:.2f} | {r['wall']:.2f} | {r['gpu']:.2f} | {r['launches']:.0f} | "
-                  f"{r['host'] / r['gpu']:.2f} |", flush=True)
+            r = measure(model, tokens, args.prompt_len, args.reps, args.host_top, launches)
+            for path in launches:
+                print(f"| {arm} | {tokens} | {path} | {r['host'][path]:.2f} | {r['wall'][path]:.2f} | {r['gpu']:.2f} | "
+                      f"{r['launches']:.0f} | {r['host'][path] / r['gpu']:.2f} |", flush=True)
         del model
         torch.cuda.empty_cache()
 

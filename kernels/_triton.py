@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from types import SimpleNamespace
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +58,62 @@ def pdl(t: torch.Tensor) -> dict:
             _PDL_DEVICES[index] = torch.cuda.get_device_capability(index)[0] >= 9
         on = _PDL_DEVICES[index]
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
+_FAST: dict[str, object] = {}  # "parts": the Triton internals `launch` uses (None: Triton's own path), found once
+
+
+def _fast_launch_parts() -> Optional[tuple]:
+    """(driver, compute_cache_key, knobs) of the installed Triton, or None where its launch path is not the one
+    `launch` reproduces (another layout of `JITFunction.device_caches`): then every launch takes Triton's own."""
+    if "parts" not in _FAST:
+        parts = None
+        try:
+            from triton import knobs
+            from triton.runtime import driver
+            from triton.runtime.jit import compute_cache_key
+            if tuple(int(v) for v in triton.__version__.split(".")[:2]) == (3, 6):  # the layout read here
+                parts = (driver, compute_cache_key, knobs)
+        except (ImportError, AttributeError, ValueError):
+            pass
+        _FAST["parts"] = parts
+    return _FAST["parts"]  # type: ignore[return-value]
+
+
+def launch(kernel, grid: tuple, *args, **kwargs) -> None:
+    """`kernel[grid](*args, **kwargs)`, with less of Triton's per-launch host work.
+
+    Triton's `JITFunction.run` binds and specialises the arguments (its generated binder), looks the compiled
+    kernel up by that specialisation's key, then, per launch, re-reads its knobs, checks the kernel's globals and
+    builds launch metadata before the driver's launcher runs: ~25 µs a launch on the H200 host, of which the
+    binder is ~5 and the launcher ~9 (docs/BENCHMARKS.md, session 28). Here the same binder and the same key find
+    the same compiled kernel in Triton's own cache, which the launcher then runs with the same bound arguments:
+    the very variant `run` would launch, so bits cannot change. Anything this path does not reproduce takes
+    Triton's own: a kernel not compiled yet (Triton compiles it and caches it for the next call), launch hooks
+    (profilers), pre-run hooks, a callable grid, the interpreter, another Triton, DETENT_LAUNCH=triton (A/B).
+    Not re-checked per launch: that the kernel's global constants have not changed since it was compiled (ours
+    are module constants)."""
+    parts = None if interpreting() else _fast_launch_parts()
+    if parts is None or callable(grid) or kernel.pre_run_hooks or os.environ.get("DETENT_LAUNCH") == "triton":
+        kernel[grid](*args, **kwargs)
+        return
+    driver, cache_key, knobs = parts
+    if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+        kernel[grid](*args, **kwargs)
+        return
+    device = driver.active.get_current_device()
+    kernel_cache, key_cache, _, _, binder = kernel.device_caches[device]
+    options = dict(kwargs, debug=kwargs.get("debug", kernel.debug) or knobs.runtime.debug,
+                   instrumentation_mode=knobs.compilation.instrumentation_mode)  # as `run` completes them
+    bound, specialization, options = binder(*args, **options)
+    compiled = kernel_cache.get(cache_key(key_cache, specialization, options))
+    if compiled is None or hasattr(compiled, "result"):  # not compiled yet, or compiling asynchronously
+        kernel[grid](*args, **kwargs)
+        return
+    stream = driver.active.get_current_stream(device)
+    size = len(grid)
+    compiled.run(grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, compiled.function,
+                 compiled.packed_metadata, None, None, None, *bound.values())
 
 
 @triton.jit

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from detent_rl.kernels._triton import INDEX_DTYPES, interpreting, pdl, pdl_enter, tl, triton
+from detent_rl.kernels._triton import INDEX_DTYPES, interpreting, launch, pdl, pdl_enter, tl, triton
 
 
 @dataclass(frozen=True)
@@ -270,7 +270,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         lsum = torch.empty_like(m)
         o = torch.empty((T, H, num_splits, D), dtype=torch.float32, device=q.device)
     grid = (meta.tile_req.shape[0], H if meta.pack == 1 else k_cache.shape[2], num_splits)
-    _attention_kernel[grid](
+    launch(_attention_kernel, grid,
         q, k_cache, v_cache, meta.block_table, meta.cu_q, meta.pos0, meta.tile_req, meta.tile_q0, m, lsum, o,
         out, lse if lse is not None else out, scale, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), meta.block_table.stride(0), m.stride(0), m.stride(1), o.stride(0), o.stride(1), o.stride(2),
@@ -281,10 +281,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         PREFETCH=prefetch, DIRECT=direct, LSE=lse is not None, TREE_SUM=tree_sum, num_warps=num_warps, num_stages=num_stages, **pdl(q))
     if direct:
         return out
-    _combine_kernel[(T, H)](m, lsum, o, out, meta.token_pos, lse if lse is not None else m, m.stride(0),
-                            m.stride(1), o.stride(0), o.stride(1), o.stride(2), out.stride(0), out.stride(1),
-                            lse.stride(0) if lse is not None else 0, HEAD_DIM=D, SPLIT=split_size,
-                            LSE=lse is not None, **pdl(q))
+    launch(_combine_kernel, (T, H), m, lsum, o, out, meta.token_pos, lse if lse is not None else m, m.stride(0),
+           m.stride(1), o.stride(0), o.stride(1), o.stride(2), out.stride(0), out.stride(1),
+           lse.stride(0) if lse is not None else 0, HEAD_DIM=D, SPLIT=split_size,
+           LSE=lse is not None, **pdl(q))
     return out
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from detent_rl.kernels._triton import pdl, pdl_enter, tl, triton
+from detent_rl.kernels._triton import launch, pdl, pdl_enter, tl, triton
 
 WORDS_PER_PROGRAM = 8192  # 64 KB of a tensor per program: BLOCK words, ITERS times
 BLOCK = 1024
@@ -61,8 +61,8 @@ def lane_sums(words: list[torch.Tensor], lanes: tuple[tuple[int, int], ...]) -> 
     at = 0
     for w, n in zip(words, programs):
         if n:
-            _digest_kernel[(n,)](w, w.numel(), consts, partial, total, at, BLOCK=BLOCK,
-                                 ITERS=WORDS_PER_PROGRAM // BLOCK, **pdl(w))
+            launch(_digest_kernel, (n,), w, w.numel(), consts, partial, total, at, BLOCK=BLOCK,
+                   ITERS=WORDS_PER_PROGRAM // BLOCK, **pdl(w))
         at += n
     owner = torch.repeat_interleave(torch.arange(len(words)), torch.tensor(programs)).to(device, non_blocking=True)
     sums = torch.zeros((2, len(words)), dtype=torch.int64, device=device)

@@ -2,8 +2,8 @@
 import torch
 import torch.nn.functional as F
 
-from detent_rl.kernels._triton import INDEX_DTYPES, check_block, pdl, pdl_enter, require_triton, tl, triton, \
-    use_triton
+from detent_rl.kernels._triton import (INDEX_DTYPES, check_block, launch, pdl, pdl_enter, require_triton, tl, triton,
+                                       use_triton)
 
 
 @triton.jit
@@ -24,7 +24,7 @@ def _embedding_triton(ids: torch.Tensor, weight: torch.Tensor, block: int) -> to
     hidden = weight.shape[1]
     out = torch.empty((flat.numel(), hidden), dtype=weight.dtype, device=weight.device)
     if flat.numel() > 0:
-        _embedding_kernel[(flat.numel(), triton.cdiv(hidden, block))](
+        launch(_embedding_kernel, (flat.numel(), triton.cdiv(hidden, block)),
             flat, weight, out, hidden, weight.stride(0), BLOCK=block, **pdl(weight))
     return out.view(*ids.shape, hidden)
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from detent_rl.kernels._triton import interpreting, pdl, pdl_enter, tl, triton
+from detent_rl.kernels._triton import interpreting, launch, pdl, pdl_enter, tl, triton
 from detent_rl.kernels.matmul_wgmma import applies as wgmma_applies
 from detent_rl.kernels.matmul_wgmma import linear_wgmma
 from detent_rl.kernels.matmul_wgmma import tile_fits as wgmma_tile_fits
@@ -184,7 +184,7 @@ def _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group
     ws = torch.empty((chunks, M, N), dtype=torch.float32, device=x.device) if parallel else out
     b = bias if bias is not None else out
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-    _matmul_kernel[(tiles, chunks if parallel else 1)](
+    launch(_matmul_kernel, (tiles, chunks if parallel else 1),
         x, w, b, out, ws, M, N, K, chunks, x.stride(0), x.stride(1), w.stride(0), w.stride(1), out.stride(0),
         out.stride(1), HAS_BIAS=bias is not None, PARALLEL=parallel, CHUNK=chunk, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, IEEE=x.dtype == torch.float32,
@@ -202,10 +202,10 @@ def combine_splits(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tenso
     splits = ws.shape[0]
     assert ws.shape[1] >= M and ws.shape[2] == N and ws.is_contiguous()
     block = 1024
-    _splitk_reduce_kernel[(triton.cdiv(M * N, block),)](ws, bias if bias is not None else out, out, M, N,
-                                                        ws.stride(0), out.stride(0), out.stride(1),
-                                                        HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK=block,
-                                                        **pdl(out))
+    launch(_splitk_reduce_kernel, (triton.cdiv(M * N, block),), ws, bias if bias is not None else out, out, M, N,
+           ws.stride(0), out.stride(0), out.stride(1),
+           HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK=block,
+           **pdl(out))
 
 
 CPU_BLOCK_M = 16  # the CPU path's fixed row tile: torch's CPU fp32 matmul reads M

@@ -311,6 +311,8 @@ def linear_wgmma(x: Any, w: Any, bias: Any = None, *, chunk: int, block_k: int =
     import torch
     import triton
 
+    from detent_rl.kernels._triton import launch
+
     M, K = x.shape
     N = w.shape[0]
     assert chunk % block_k == 0, f"chunk {chunk} must be whole BLOCK_K {block_k} blocks"
@@ -359,7 +361,7 @@ def linear_wgmma(x: Any, w: Any, bias: Any = None, *, chunk: int, block_k: int =
         if key not in _RESIDENT:
             _RESIDENT[key] = _resident_ctas(_chunked_wgmma_kernel.warmup(*args, grid=(1,), **meta), num_warps)
         grid = min(grid, programs or _num_sms(x.device) * _RESIDENT[key])
-    _chunked_wgmma_kernel[(grid,)](*args, **meta)
+    launch(_chunked_wgmma_kernel, (grid,), *args, **meta)
     if splits > 1:
         from detent_rl.kernels.matmul import combine_splits  # (matmul imports this module)
 

@@ -14,8 +14,8 @@ from typing import Optional, Union
 
 import torch
 
-from detent_rl.kernels._triton import (FLOAT_DTYPES, aligned, check_block, dense_rows, fold_rows, pdl, pdl_enter,
-                                       require_triton, tl, triton, use_triton)
+from detent_rl.kernels._triton import (FLOAT_DTYPES, aligned, check_block, dense_rows, fold_rows, launch, pdl,
+                                       pdl_enter, require_triton, tl, triton, use_triton)
 
 
 @triton.jit
@@ -61,7 +61,7 @@ def _rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual:
     out = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(out) if residual is not None else None
     if rows > 0:
-        _rmsnorm_kernel[(rows,)](
+        launch(_rmsnorm_kernel, (rows,),
             x, residual if residual is not None else x, weight, out,
             res_out if res_out is not None else out, hidden, float(eps),
             HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=num_warps, **pdl(x))
@@ -140,9 +140,9 @@ def _rmsnorm_backward_triton(h: torch.Tensor, weight: torch.Tensor, g: torch.Ten
     dh = torch.empty_like(h)
     dw = torch.empty((programs, hidden), dtype=torch.float32, device=h.device)
     if rows > 0:
-        _rmsnorm_backward_kernel[(programs,)](h, aligned(weight), g, g_h if g_h is not None else g, dh, dw,
-                                              rows, hidden, float(eps), HAS_GH=g_h is not None, ROWS=per,
-                                              BLOCK=block, num_warps=min(16, max(4, block // 256)), **pdl(h))
+        launch(_rmsnorm_backward_kernel, (programs,), h, aligned(weight), g, g_h if g_h is not None else g, dh, dw,
+               rows, hidden, float(eps), HAS_GH=g_h is not None, ROWS=per,
+               BLOCK=block, num_warps=min(16, max(4, block // 256)), **pdl(h))
     return dh, dw.sum(0).to(weight.dtype)
 
 

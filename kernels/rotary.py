@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from detent_rl.kernels._triton import INDEX_DTYPES, check_block, pdl, pdl_enter, require_triton, tl, triton, \
-    use_triton
+from detent_rl.kernels._triton import (INDEX_DTYPES, check_block, launch, pdl, pdl_enter, require_triton, tl, triton,
+                                       use_triton)
 from detent_rl.kernels.attention import check_store, store_kv
 
 SEQUENCE_DEPENDENT = ("dynamic", "longrope")
@@ -136,8 +136,8 @@ def _rotary_triton(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, 
     out = torch.empty((tokens, heads, head_dim), dtype=x.dtype, device=x.device)
     if tokens > 0:
         grid = (tokens, triton.cdiv(heads * head_dim, block))
-        _rotary_kernel[grid](x, out, positions, cos, sin, x.stride(0), x.stride(1), heads, head_dim,
-                             cos.shape[1], BLOCK=block, enable_fp_fusion=False, **pdl(x))
+        launch(_rotary_kernel, grid, x, out, positions, cos, sin, x.stride(0), x.stride(1), heads, head_dim,
+               cos.shape[1], BLOCK=block, enable_fp_fusion=False, **pdl(x))
     return out
 
 
@@ -161,10 +161,10 @@ def _rotary_store_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, posi
     if tokens > 0:
         q_programs = triton.cdiv(heads * head_dim, block)
         grid = (tokens, q_programs + triton.cdiv(kv_heads * head_dim, block))
-        _rotary_store_kernel[grid](q, k, v, q_out, k_cache, v_cache, positions, slots, cos, sin, q.stride(0),
-                                   q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), heads,
-                                   kv_heads, head_dim, cos.shape[1], q_programs, BLOCK=block,
-                                   enable_fp_fusion=False, **pdl(q))
+        launch(_rotary_store_kernel, grid, q, k, v, q_out, k_cache, v_cache, positions, slots, cos, sin, q.stride(0),
+               q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), heads,
+               kv_heads, head_dim, cos.shape[1], q_programs, BLOCK=block,
+               enable_fp_fusion=False, **pdl(q))
     return q_out
 
 

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import torch
 
-from detent_rl.kernels._triton import FLOAT_DTYPES, INDEX_DTYPES, check_block, dense_rows, pdl, pdl_enter, \
-    require_triton, tl, triton, use_triton
+from detent_rl.kernels._triton import (FLOAT_DTYPES, INDEX_DTYPES, check_block, dense_rows, launch, pdl, pdl_enter,
+                                       require_triton, tl, triton, use_triton)
 from detent_rl.kernels.log_softmax import log_softmax, token_logprobs
 from detent_rl.kernels.noise import MESSAGE_BYTES, fmix32_torch, gumbel, gumbel_noise, mix_word_torch, row_state
 from detent_rl.kernels.vocab import vocab_pass
@@ -99,8 +99,8 @@ def _top_p_cutoff_torch(probs_sorted: torch.Tensor, top_p: torch.Tensor, block: 
 def _top_p_cutoff_triton(probs_sorted: torch.Tensor, top_p: torch.Tensor, block: int, num_warps: int) -> torch.Tensor:
     require_triton(probs_sorted)
     out = torch.empty(probs_sorted.shape[0], dtype=torch.int64, device=probs_sorted.device)
-    _top_p_cutoff_kernel[(probs_sorted.shape[0],)](probs_sorted.contiguous(), top_p.contiguous(), out,
-                                                   probs_sorted.shape[1], BLOCK=block, num_warps=num_warps, **pdl(out))
+    launch(_top_p_cutoff_kernel, (probs_sorted.shape[0],), probs_sorted.contiguous(), top_p.contiguous(), out,
+           probs_sorted.shape[1], BLOCK=block, num_warps=num_warps, **pdl(out))
     return out
 
 

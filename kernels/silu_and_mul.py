@@ -10,8 +10,8 @@ rounding; both sides of a rollout/trainer pair use this kernel, so they agree.
 import torch
 import torch.nn.functional as F
 
-from detent_rl.kernels._triton import FLOAT_DTYPES, check_block, pdl, pdl_enter, require_triton, tl, triton, \
-    use_triton
+from detent_rl.kernels._triton import (FLOAT_DTYPES, check_block, launch, pdl, pdl_enter, require_triton, tl, triton,
+                                       use_triton)
 
 
 @triton.jit
@@ -33,7 +33,7 @@ def _silu_and_mul_triton(x: torch.Tensor, block: int) -> torch.Tensor:
     rows, d = x.shape[0], x.shape[1] // 2
     out = torch.empty((rows, d), dtype=x.dtype, device=x.device)
     if rows > 0 and d > 0:
-        _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](x, out, d, BLOCK=block, **pdl(x))
+        launch(_silu_and_mul_kernel, (rows, triton.cdiv(d, block)), x, out, d, BLOCK=block, **pdl(x))
     return out
 
 
@@ -95,7 +95,7 @@ def _silu_and_mul_backward_triton(x: torch.Tensor, g: torch.Tensor, block: int =
     rows, d = g.shape
     dx = torch.empty_like(x)
     if rows > 0 and d > 0:
-        _silu_and_mul_backward_kernel[(rows, triton.cdiv(d, block))](x, g, dx, d, BLOCK=block, **pdl(x))
+        launch(_silu_and_mul_backward_kernel, (rows, triton.cdiv(d, block)), x, g, dx, d, BLOCK=block, **pdl(x))
     return dx
 
 

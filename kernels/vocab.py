@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from detent_rl.kernels._triton import fold_rows, pdl, pdl_enter, tl, triton
+from detent_rl.kernels._triton import fold_rows, launch, pdl, pdl_enter, tl, triton
 from detent_rl.kernels.noise import fmix32, mix_word
 
 MAX_SPLITS = 64
@@ -208,20 +208,20 @@ def vocab_pass(logits: torch.Tensor, *, block: int, num_warps: int, temperature:
     out: dict[str, torch.Tensor] = {}
     if rows == 0:
         return out
-    _partials_kernel[(rows, ns)](logits, vocab, t, seeds, positions, temps, allowed, mask_rows,
-                                 part_m, part_s, part_best, part_id, n, SPLIT=split, NS=ns, LSE=lse,
-                                 SAMPLE=sampling is not None, HAS_MASK=has_mask, APPLY_TEMP=apply_temp,
-                                 BLOCK=block, num_warps=num_warps, **pdl(logits))
+    launch(_partials_kernel, (rows, ns), logits, vocab, t, seeds, positions, temps, allowed, mask_rows,
+           part_m, part_s, part_best, part_id, n, SPLIT=split, NS=ns, LSE=lse,
+           SAMPLE=sampling is not None, HAS_MASK=has_mask, APPLY_TEMP=apply_temp,
+           BLOCK=block, num_warps=num_warps, **pdl(logits))
     token_lp = lse and (sampling is not None or token_ids is not None)
     tokens = torch.empty(rows, dtype=torch.int64, device=dev) if sampling is not None else None
     lp = torch.empty(rows, dtype=torch.float32, device=dev) if token_lp else None
     m = torch.empty(rows, dtype=torch.float32, device=dev) if stats else None
     lse_out = torch.empty(rows, dtype=torch.float32, device=dev) if stats else None
     ph = logits  # placeholder for unused pointers
-    _combine_kernel[(rows,)](logits, vocab, t, token_ids if token_ids is not None else ph, part_m, part_s,
-                             part_best, part_id, tokens if tokens is not None else ph, lp if lp is not None else ph,
-                             m if stats else ph, lse_out if stats else ph, NS=ns, SAMPLE=sampling is not None,
-                             TOKEN_LP=token_lp, STATS=stats, APPLY_TEMP=apply_temp, num_warps=1, **pdl(logits))
+    launch(_combine_kernel, (rows,), logits, vocab, t, token_ids if token_ids is not None else ph, part_m, part_s,
+           part_best, part_id, tokens if tokens is not None else ph, lp if lp is not None else ph,
+           m if stats else ph, lse_out if stats else ph, NS=ns, SAMPLE=sampling is not None,
+           TOKEN_LP=token_lp, STATS=stats, APPLY_TEMP=apply_temp, num_warps=1, **pdl(logits))
     for key, value in (("tokens", tokens), ("logprobs", lp), ("m", m), ("lse", lse_out)):
         if value is not None:
             out[key] = value
@@ -234,9 +234,8 @@ def write_log_softmax(logits: torch.Tensor, m: torch.Tensor, lse: torch.Tensor, 
     out = torch.empty((rows, vocab), dtype=torch.float32, device=logits.device)
     split = vocab_split(vocab, block)
     if rows > 0:
-        _write_kernel[(rows, num_splits(vocab, block))](logits, out, m, lse, vocab, float(temperature), SPLIT=split,
-                                                  APPLY_TEMP=temperature != 1.0, BLOCK=block, num_warps=num_warps,
-                                                  **pdl(logits))
+        launch(_write_kernel, (rows, num_splits(vocab, block)), logits, out, m, lse, vocab, float(temperature),
+               SPLIT=split, APPLY_TEMP=temperature != 1.0, BLOCK=block, num_warps=num_warps, **pdl(logits))
     return out
 
 
