@@ -6,11 +6,12 @@ The bits with PDL on are the GPU tests' (docs/BENCHMARKS.md)."""
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import torch
 
-from detent_rl.kernels._triton import pdl
+from detent_rl.kernels._triton import _hooked, env, pdl
 
 KERNELS = Path(__file__).resolve().parent.parent / "kernels"
 
@@ -76,3 +77,36 @@ def test_pdl_is_off_on_the_cpu_and_when_disabled(monkeypatch):
     assert pdl(torch.zeros(1)) == {"PDL": False}  # no launch_pdl either: the interpreter would reject it
     monkeypatch.setenv("DETENT_PDL", "0")
     assert pdl(torch.zeros(1)) == {"PDL": False}
+
+
+def test_env_reads_what_os_environ_holds_at_each_call(monkeypatch):
+    monkeypatch.delenv("DETENT_TEST_ENV", raising=False)
+    assert env("DETENT_TEST_ENV", "dflt") == "dflt" and env("DETENT_TEST_ENV") == ""
+    monkeypatch.setenv("DETENT_TEST_ENV", "0")
+    assert env("DETENT_TEST_ENV", "1") == "0"
+    monkeypatch.setenv("DETENT_TEST_ENV", "été")
+    assert env("DETENT_TEST_ENV") == "été" == os.environ["DETENT_TEST_ENV"]
+    monkeypatch.delenv("DETENT_TEST_ENV")
+    assert env("DETENT_TEST_ENV", "x") == "x"
+    monkeypatch.setenv("DETENT_PDL", "0")
+    assert pdl(torch.zeros(1)) == {"PDL": False}
+
+
+def test_a_launch_hook_counts_only_when_it_would_run():
+    """Triton 3.6's launch hooks are chains, never None: an empty one must not send launches to Triton's path
+    (session 28's experiment did, so its direct path never ran), a chain with a call (a profiler's) must."""
+    class Chain:
+        def __init__(self):
+            self.calls = []
+    chain = Chain()
+    assert not _hooked(chain) and not _hooked(None)
+    chain.calls.append(print)
+    assert _hooked(chain) and _hooked(print)
+    try:
+        from triton.knobs import HookChain
+    except ImportError:
+        return
+    real = HookChain()
+    assert not _hooked(real)
+    real.add(print)
+    assert _hooked(real)
