@@ -129,9 +129,9 @@ def main() -> None:
                            commitment=commitment if arm == "tuned" else None, **limits)
         for tokens in sizes:
             r = measure(model, tokens, args.prompt_len, args.reps, args.host_top, launches)
-            for path in launches:
-                print(f"| {arm} | {tokens} | {path} | {r['host'][path]:.2f} | {r['wall'][path]:.2f} | {r['gpu']:.2f} | "
-                      f"{r['launches']:.0f} | {r['host'][path] / r['gpu']:.2f} |", flush=True)
+            for way in launches:
+                print(f"| {arm} | {tokens} | {way} | {r['host'][way]:.2f} | {r['wall'][way]:.2f} | {r['gpu']:.2f} | "
+                      f"{r['launches']:.0f} | {r['host'][way] / r['gpu']:.2f} |", flush=True)
         del model
         torch.cuda.empty_cache()
 

@@ -78,16 +78,18 @@ _FAST: dict[str, object] = {}  # "parts": the Triton internals `launch` uses (No
 
 
 def _fast_launch_parts() -> Optional[tuple]:
-    """(driver, compute_cache_key, knobs) of the installed Triton, or None where its launch path is not the one
-    `launch` reproduces (another layout of `JITFunction.device_caches`): then every launch takes Triton's own."""
+    """(driver, compute_cache_key, knobs, CompiledKernel) of the installed Triton, or None where its launch path is
+    not the one `launch` reproduces (another layout of `JITFunction.device_caches`): then every launch takes
+    Triton's own."""
     if "parts" not in _FAST:
         parts = None
         try:
             from triton import knobs
+            from triton.compiler.compiler import CompiledKernel
             from triton.runtime import driver
             from triton.runtime.jit import compute_cache_key
             if tuple(int(v) for v in triton.__version__.split(".")[:2]) == (3, 6):  # the layout read here
-                parts = (driver, compute_cache_key, knobs)
+                parts = (driver, compute_cache_key, knobs, CompiledKernel)
         except (ImportError, AttributeError, ValueError):
             pass
         _FAST["parts"] = parts
@@ -105,8 +107,9 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
 
     Triton's `JITFunction.run` binds and specialises the arguments (its generated binder), looks the compiled
     kernel up by that specialisation's key, then, per launch, re-reads its knobs, checks the kernel's globals and
-    builds launch metadata before the driver's launcher runs: ~25 µs a launch on the H200 host, of which the
-    binder is ~5 and the launcher ~9 (docs/BENCHMARKS.md, session 28). Here the same binder and the same key find
+    builds launch metadata before the driver's launcher runs: 20-25 µs a launch on the H200's host, of which the
+    binder is ~3-5 and the launcher ~5-8; this path takes ~3.5 µs less, our wrappers ~7 µs less (docs/BENCHMARKS.md,
+    sessions 28 and 29). Here the same binder and the same key find
     the same compiled kernel in Triton's own cache, which the launcher then runs with the same bound arguments:
     the very variant `run` would launch, so bits cannot change. Anything this path does not reproduce takes
     Triton's own: a kernel not compiled yet (Triton compiles it and caches it for the next call), launch hooks
@@ -117,7 +120,7 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     if parts is None or callable(grid) or kernel.pre_run_hooks or env("DETENT_LAUNCH") == "triton":
         kernel[grid](*args, **kwargs)
         return
-    driver, cache_key, knobs = parts
+    driver, cache_key, knobs, compiled_type = parts
     if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
         kernel[grid](*args, **kwargs)
         return
@@ -127,7 +130,7 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
                    instrumentation_mode=knobs.compilation.instrumentation_mode)  # as `run` completes them
     bound, specialization, options = binder(*args, **options)
     compiled = kernel_cache.get(cache_key(key_cache, specialization, options))
-    if compiled is None or hasattr(compiled, "result"):  # not compiled yet, or compiling asynchronously
+    if type(compiled) is not compiled_type:  # not compiled yet (None), or compiling asynchronously (a future)
         kernel[grid](*args, **kwargs)
         return
     stream = driver.active.get_current_stream(device)
