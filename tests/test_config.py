@@ -368,3 +368,32 @@ def test_the_h200_grpo_recipe_takes_its_tuned_tuple(tmp_path):
         model_spec(load_recipe(RECIPES_DIR / "grpo_qwen2-0.5b_h200.yaml", [f"model.commitment={tuned}",
                                                                            "train.max_tokens_per_micro_batch=4096"]),
                    ckpt, "cuda").check()
+
+
+@pytest.mark.parametrize("path", sorted((RECIPES_DIR.parent / "bench/tuned").glob("*.json")), ids=lambda p: p.stem)
+def test_every_committed_tuple_loads_onto_its_model(tmp_path, path):
+    """A tuple in bench/tuned/ (named h200_<model>_<workload>.json) is taken by its built-in model at its own
+    deployment (the model built on "meta": the sites and limits are checked, no weights); control: the other
+    Qwen2 size refuses it (another deployment: its heads and widths)."""
+    import json
+
+    import torch
+
+    from detent_rl.kernels.commitment import CommitmentTuple
+    from detent_rl.models import load_model
+    from detent_rl.models.builtin import entry
+
+    name = path.name.split("_")[1]
+    tuple_ = CommitmentTuple.load(path)
+    limits = {k: tuple_.deployment[k] for k in ("max_context", "max_batch", "max_num_tokens")}
+
+    def build(model: str):
+        ckpt = tmp_path / model
+        ckpt.mkdir(exist_ok=True)
+        (ckpt / "config.json").write_text(json.dumps(entry(model).config))
+        return load_model(ckpt, "detent", device="meta", dtype=torch.bfloat16, commitment=tuple_, **limits)
+
+    build(name)
+    other = {"qwen2-0.5b": "qwen2-1.5b", "qwen2-1.5b": "qwen2-0.5b"}[name]
+    with pytest.raises(Exception, match="made for another deployment: num_heads"):
+        build(other)
