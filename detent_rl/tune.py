@@ -12,7 +12,9 @@
    attention's 115,050 legal assignments at a 12k context are 157 launches). At most `EXHAUSTIVE`
    candidates are measured whole; more by coordinate descent from the default (each axis swept with
    the others fixed, an axis of many values bracketed in LADDER-sample rounds, repeated while it
-   improves) within `BUDGET` of the legal grid. The attention search on 2 x 12,000-token prompts,
+   improves) within `BUDGET` of the legal grid. A best other than the default is then re-timed beside
+   it, `repeats` rounds, and kept only for a saving of at least `MIN_GAIN` (`confirm`: the search's
+   minimum over many single timings flatters its winner). The attention search on 2 x 12,000-token prompts,
    which swept the split axis value by value (with its count held fixed, so never below the
    default's split), did not finish in 240 s on the H200 before this.
 3. Check. The tuned tuple's engine is built while the profiled one is still alive, and the workload
@@ -72,7 +74,7 @@ from detent_rl.kernels.rmsnorm import rmsnorm
 from detent_rl.models.model import CausalLM
 from detent_rl.rollout.engine import Engine
 from detent_rl.timing import cold_copies, kernel_timer
-from detent_rl.tune_search import budget_for, candidates, search
+from detent_rl.tune_search import MIN_GAIN, budget_for, candidates, confirm, search
 from detent_rl.workload import Workload
 
 MAX_CALLS = 12  # distinct calls replayed per candidate; more are thinned to this many, weights kept
@@ -94,6 +96,7 @@ class SiteReport:
     exhaustive: Optional[tuple] = None  # with --exhaustive: the best of every distinct candidate, measured
     exhaustive_n: int = 0  # how many distinct candidates that was
     gap: Optional[float] = None  # the search's best over the exhaustive best, both re-timed together, - 1
+    rejected: Optional[tuple] = None  # (the search's best, its re-timed median) where it saved under MIN_GAIN
 
 
 @dataclass
@@ -152,6 +155,14 @@ class TuneReport:
             show = lambda a: ", ".join(f"{k}={v}" for k, v in zip(s.axes, a)) or "-"  # noqa: E731
             lines.append(f"| {s.key} | {s.grid} | {s.measured} ({s.measured / max(s.grid, 1):.0%}) | {s.calls} | "
                          f"{show(s.default)} | {show(s.best)} | {s.default_s * 1e3:.3f} -> {s.best_s * 1e3:.3f} ms |")
+        kept = [s for s in self.sites if s.rejected is not None]
+        if kept:
+            lines.append("")
+        for s in kept:
+            found, found_s = s.rejected
+            shown = ", ".join(f"{k}={v}" for k, v in zip(s.axes, found))
+            lines.append(f"{s.key}: kept the default; the search's best ({shown}) re-timed beside it "
+                         f"{s.default_s * 1e3:.3f} -> {found_s * 1e3:.3f} ms, under the {MIN_GAIN:.0%} a move needs")
         checked = [s for s in self.sites if s.exhaustive is not None]
         if checked:
             lines += ["", "| site | distinct candidates measured | exhaustive best | search's best | search over exhaustive |",
@@ -297,11 +308,17 @@ def tune(model: CausalLM, workload: Workload, *, build: Optional[Callable[[Commi
             selector = sol.commit(*sol.split(a))
             return sum(n * timer(make(selector(*args))) for make, args, n in launches)
         distinct = candidates(family, sol, default, calls[key], sel.deployment.facts(family, site))
-        best, measured = search(sol.axes, distinct, default, cost,
-                                budget=budget_for(len(sol.legal)))
+        found, measured = search(sol.axes, distinct, default, cost,
+                                 budget=budget_for(len(sol.legal)))
+        default_s, best_s, rejected = measured[default], measured[found], None
+        best = found
+        if found != default:  # kept only for a saving beyond the search's luck (`confirm`)
+            best, default_s, found_s = confirm(default, found, cost, repeats)
+            best_s = found_s if best == found else default_s
+            rejected = None if best == found else (found, found_s)
         tuned[key] = SiteCommitment(*sol.split(best))
         site_report = SiteReport(key, family, len(sol.legal), len(measured), sum(calls[key].values()),
-                                 default, best, measured[default], measured[best], sol.axes)
+                                 default, best, default_s, best_s, sol.axes, rejected=rejected)
         if 0 < len(distinct) <= exhaustive:
             everything = {a: measured[a] if a in measured else cost(a) for a in distinct}
             top = min(everything, key=everything.get)

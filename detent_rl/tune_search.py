@@ -4,6 +4,7 @@ from the default with long numeric axes bracketed in log-spaced rounds (`search`
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from typing import Any, Callable, Optional
 
@@ -14,6 +15,27 @@ from detent_rl.selir.errors import SelectionError
 EXHAUSTIVE = 8  # grids this small are measured whole
 CASES_PER_CANDIDATE = 4  # case trees past this many leaves a candidate cost more than compiling selectors
 BUDGET = 0.10  # larger grids: at most this share of the candidates is measured
+
+
+MIN_GAIN = 0.02  # a site leaves its default only for a saving of at least this share, re-timed side by side
+
+
+def confirm(default: tuple, best: tuple, cost: Callable[[tuple], float], rounds: int,
+            min_gain: Optional[float] = None) -> tuple[tuple, float, float]:
+    """(kept, default's median, best's median): the search's best re-timed beside the default, `rounds`
+    rounds, which goes first alternating. The search keeps the minimum of many single timings, so its
+    winner's time is the luckiest of its candidates': a 1 % "gain" is within that luck. The best is
+    kept only where its median saves at least `min_gain` of the default's; else the default stays,
+    whose rules were made for every M (a pick for the workload's calls alone can cost elsewhere: the
+    1.5B batch-1 tuple's gate_up pick, measured 1 % faster on its one M = 256 call, ran 1.68x cuBLAS
+    at M = 512 where the default runs 1.13x; docs/BENCHMARKS.md, session 29)."""
+    min_gain = MIN_GAIN if min_gain is None else min_gain
+    times: dict[tuple, list[float]] = {default: [], best: []}
+    for r in range(rounds):
+        for a in (default, best) if r % 2 == 0 else (best, default):
+            times[a].append(cost(a))
+    d, b = statistics.median(times[default]), statistics.median(times[best])
+    return (best if b <= d * (1 - min_gain) else default), d, b
 
 
 def budget_for(grid: int) -> int:

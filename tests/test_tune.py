@@ -303,3 +303,45 @@ def test_grpo_groups_prefill_each_prompt_once(tmp_path):
     assert rows[3] < rows[1] - 100  # two 40-token prompts prefilled, not six
     with pytest.raises(ValueError, match="samples must be >= 1"):
         Workload(2, 40, 2, samples=0)
+
+
+def test_a_search_best_is_kept_only_for_a_saving_re_timed_beside_the_default():
+    """The search keeps the minimum of single timings (the luckiest): its best is re-timed beside the default,
+    rounds alternating which goes first, and kept only where its median saves MIN_GAIN."""
+    from detent_rl.tune_search import MIN_GAIN, confirm
+    order = []
+
+    def cost_of(times):
+        def cost(a):
+            order.append(a)
+            return times[a].pop(0)
+        return cost
+    # a 1 % saving (the search had timed it 20 % faster once): the default stays
+    kept, d, b = confirm(("d",), ("b",), cost_of({("d",): [1.0, 1.02, 0.98], ("b",): [0.99, 0.97, 1.0]}), 3)
+    assert kept == ("d",) and (d, b) == (1.0, 0.99)
+    assert order == [("d",), ("b",), ("b",), ("d",), ("d",), ("b",)]  # alternating which goes first
+    # a 10 % saving: kept (control)
+    kept, d, b = confirm(("d",), ("b",), cost_of({("d",): [1.0, 1.1, 0.95], ("b",): [0.9, 0.88, 0.93]}), 3)
+    assert kept == ("b",) and b <= d * (1 - MIN_GAIN)
+    assert confirm(("d",), ("b",), cost_of({("d",): [1.0], ("b",): [0.99]}), 1, min_gain=0.0)[0] == ("b",)
+
+
+def test_the_tuner_reports_a_search_best_it_did_not_keep(tmp_path, monkeypatch):
+    """With every move needing more than it can save, each site keeps its default, the report says which best
+    it turned down, and the prediction is no saving; with no threshold the searches' bests are kept (control)."""
+    import detent_rl.tune_search as search_module
+    path = save(hf_model("qwen2"), tmp_path / "m")
+    model = load_model(path, "detent", dtype=torch.float32, **LIMITS)
+    workload = Workload(prompts=2, prompt_len=12, new_tokens=3, micro_batch=2)
+    monkeypatch.setattr(search_module, "MIN_GAIN", 1.0)  # a saving of the whole site's time: never
+    out, report = tune(model, workload, repeats=1, families=("attention", "matmul"), log=lambda _: None)
+    moved = [s for s in report.sites if s.rejected is not None]
+    assert moved, "the searches found nothing other than the defaults: the check proves nothing"
+    assert all(s.best == s.default and s.default_s == s.best_s for s in report.sites)
+    assert report.predicted_saving_s == 0
+    assert all(f"{s.key}: kept the default" in report.render() for s in moved)
+    resolved = model.selections.resolved()
+    assert all(out.sites[s.key] == resolved.sites[s.key] for s in report.sites)
+    monkeypatch.setattr(search_module, "MIN_GAIN", float("-inf"))
+    _, free = tune(model, workload, repeats=1, families=("attention", "matmul"), log=lambda _: None)
+    assert all(s.rejected is None for s in free.sites) and any(s.best != s.default for s in free.sites)
