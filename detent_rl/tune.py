@@ -333,7 +333,7 @@ def tune(model: CausalLM, workload: Workload, *, build: Optional[Callable[[Commi
         report.sites.append(site_report)
         log(f"{key}: {dict(zip(sol.axes, best))} ({len(measured)} of {len(sol.legal)} legal measured, "
             f"{len(distinct)} distinct launches; "
-            f"{measured[default] * 1e3:.3f} -> {measured[best] * 1e3:.3f} ms per workload run)")
+            f"{site_report.default_s * 1e3:.3f} -> {site_report.best_s * 1e3:.3f} ms per workload run)")
     report.search_s = time.perf_counter() - t0
     out = resolved.with_sites(tuned)
     if build is not None:

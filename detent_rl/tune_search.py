@@ -26,9 +26,9 @@ def confirm(default: tuple, best: tuple, cost: Callable[[tuple], float], rounds:
     rounds, which goes first alternating. The search keeps the minimum of many single timings, so its
     winner's time is the luckiest of its candidates': a 1 % "gain" is within that luck. The best is
     kept only where its median saves at least `min_gain` of the default's; else the default stays,
-    whose rules were made for every M (a pick for the workload's calls alone can cost elsewhere: the
-    1.5B batch-1 tuple's gate_up pick, measured 1 % faster on its one M = 256 call, ran 1.68x cuBLAS
-    at M = 512 where the default runs 1.13x; docs/BENCHMARKS.md, session 29)."""
+    whose rules were made for every M, where a pick serves the workload's calls alone (on the H200 the
+    1.5B down projection's search best, 1.4 % faster when re-timed, was turned down; docs/BENCHMARKS.md,
+    session 29)."""
     min_gain = MIN_GAIN if min_gain is None else min_gain
     times: dict[tuple, list[float]] = {default: [], best: []}
     for r in range(rounds):
