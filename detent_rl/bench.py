@@ -24,6 +24,14 @@ is an arm's time over stock's in this run. Cases:
     python -m detent_rl.bench --model qwen2-0.5b --out runs/bench_05b
     python -m detent_rl.bench --model qwen2-1.5b --cases decode-1,decode-32,long --out runs/bench_15b
 
+A tuned tuple is made for a deployment and a workload: `--commitment CASE=FILE,...` gives each case its own
+(the batch-1 tuple for decode-1, the GRPO tuple for grpo, ...: every goal in one run), one model a file; a
+case it does not name has no tuned run. Every tuple is checked against this run's model and limits before
+any arm runs.
+
+    python -m detent_rl.bench --cases decode-1,decode-32,grpo --arms stock,detent,tuned --rounds 3 --out runs/b \
+        --commitment decode-1=bench/tuned/h200_qwen2-0.5b_decode1.json,grpo=bench/tuned/h200_qwen2-0.5b_grpo32x8.json
+
 The stock arm runs with our kernels' programmatic dependent launch on and off (`--stock-pdl`; its
 linears are cuBLAS's either way) and keeps the faster run per case.
 
@@ -235,29 +243,37 @@ def poisson_arrivals(n: int, rate: float, seed: int = 3) -> list[float]:
     return out
 
 
-def run(load: Callable[[str], CausalLM], cases: list[str], shapes: Shapes, load_factor: float,
+def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_factor: float,
         log: Callable[[str], None] = print, arms: tuple[str, ...] = ARMS,
-        stock_pdl: tuple[str, ...] = ("on", "off")) -> dict:
+        stock_pdl: tuple[str, ...] = ("on", "off"), tuned: Optional[dict[str, str]] = None) -> dict:
     """Every case in every arm (stock first: the ratios' baseline); the results by case and arm.
 
     The stock arm runs once per `stock_pdl` setting of our kernels' programmatic dependent launch
     (`kernels._triton.pdl`; its linears are cuBLAS's either way) and keeps, per case, the faster run:
     the baseline is the best stock configuration, not ours. The other arms run with PDL on (the
-    default). Each stock run's result stays in `results["stock_runs"]`."""
+    default). Each stock run's result stays in `results["stock_runs"]`. `tuned` maps a case to the
+    tuple file the arm `tuned` runs it with (`load("tuned", file)`), one model a file; a case it
+    does not map has no tuned run."""
     results: dict[str, Any] = {"cases": {c: {} for c in cases}, "arms": list(arms), "stock_runs": {}}
     arrivals = None
-    runs = [(arm, pdl) for arm in arms for pdl in (stock_pdl if arm == "stock" else ("on",))]
-    for arm, pdl in runs:
+    runs: list[tuple[str, str, list[str], Optional[str]]] = []
+    for arm in arms:
+        if arm == "tuned":
+            files = list(dict.fromkeys((tuned or {})[c] for c in cases if c in (tuned or {})))
+            runs += [(arm, "on", [c for c in cases if (tuned or {}).get(c) == f], f) for f in files]
+        else:
+            runs += [(arm, pdl, cases, None) for pdl in (stock_pdl if arm == "stock" else ("on",))]
+    for arm, pdl, arm_cases, file in runs:
         os.environ["DETENT_PDL"] = "1" if pdl == "on" else "0"  # read at each launch (and graph capture)
-        model = load(arm)
+        model = load(arm, file) if file is not None else load(arm)
         b = Bench(model, shapes)
         if arm == "stock" and "device" not in results:
             results["device"] = torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"
             nbytes = 1 << 30 if model.device.type == "cuda" else 1 << 27
             results["copy_bandwidth_gbs"] = copy_bandwidth(model.device, nbytes) / 1e9
             results["weight_bytes"] = weight_bytes(model)
-        for case in cases:
-            log(f"{arm}, PDL {pdl}: {case}")
+        for case in arm_cases:
+            log(f"{arm}, PDL {pdl}: {case}" + (f" ({file})" if file is not None else ""))
             if case == "decode-1":
                 r = b.decode(1, shapes.decode_prompt, shapes.decode_new)
                 roofline_ms = 1e3 * results["weight_bytes"] / (results["copy_bandwidth_gbs"] * 1e9)
@@ -281,6 +297,8 @@ def run(load: Callable[[str], CausalLM], cases: list[str], shapes: Shapes, load_
                     continue
                 r = {"sites": b.gemm()}
             r["pdl"] = pdl
+            if file is not None:
+                r["commitment"] = str(file)
             if arm == "stock":
                 results["stock_runs"].setdefault(case, []).append(r)
                 held = results["cases"][case].get("stock")
@@ -294,6 +312,23 @@ def run(load: Callable[[str], CausalLM], cases: list[str], shapes: Shapes, load_
     return results
 
 
+def per_case_tuples(text: str, cases: list[str], error: Callable[[str], Any]) -> dict[str, str]:
+    """`--commitment`'s cases -> tuple files: FILE for every case, or CASE=FILE pairs, comma-separated."""
+    if "=" not in text:
+        return {c: text for c in cases}
+    out: dict[str, str] = {}
+    for part in (x.strip() for x in text.split(",") if x.strip()):
+        case, sep, file = part.partition("=")
+        if not sep or not file:
+            error(f"--commitment {text!r}: {part!r} is not CASE=FILE")
+        if case not in cases:
+            error(f"--commitment {text!r}: case {case!r} is not among this run's --cases ({', '.join(cases)})")
+        if case in out:
+            error(f"--commitment {text!r}: case {case!r} named twice")
+        out[case] = file
+    return out
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m detent_rl.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2-0.5b", help="a built-in name or an HF checkpoint directory")
@@ -301,7 +336,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     ap.add_argument("--commitment", help="a tuned tuple (python -m detent_rl.tune): adds the arm `tuned`, detent "
-                                         "with this tuple beside detent with the default one")
+                                         "with this tuple beside detent with the default one; or CASE=FILE,... "
+                                         "(each case with its deployment's tuple, e.g. decode-1=D1.json,grpo=T.json; "
+                                         "a case not named has no tuned run)")
     ap.add_argument("--arms", default=",".join(ARMS),
                     help=f"comma-separated, of {', '.join(ARMS + ('tuned',))} (stock always runs; tuned needs "
                          f"--commitment)")
@@ -341,17 +378,26 @@ def main(argv: Optional[list[str]] = None) -> int:
                   shapes.grpo[2] + shapes.grpo[3], shapes.long[1] + shapes.long[2] if "long" in cases else 0)
     limits = dict(max_context=longest + 16, max_batch=max(64, shapes.grpo[0] * shapes.grpo[1]),
                   max_num_tokens=args.max_num_tokens)
-    commitment = CommitmentTuple.load(args.commitment) if args.commitment else None
-    load = lambda arm: load_model(path, "detent" if arm == "tuned" else arm,  # noqa: E731
-                                  device=args.device, dtype=getattr(torch, args.dtype),
-                                  commitment=commitment if arm == "tuned" else None, **limits)
+    tuned = per_case_tuples(args.commitment, cases, ap.error) if args.commitment else {}
+    tuples = {}
+    for f in dict.fromkeys(tuned.values()):  # each refused now, with the loader's reason, before any arm runs
+        try:
+            tuples[f] = CommitmentTuple.load(f)
+            load_model(path, "detent", device="meta", dtype=getattr(torch, args.dtype), commitment=tuples[f],
+                       **limits)
+        except Exception as e:  # noqa: BLE001 (any refusal of the tuple: its message names it)
+            ap.error(f"--commitment {f}: {e} (this run's limits: {limits})")
+
+    def load(arm: str, file: Optional[str] = None) -> CausalLM:
+        return load_model(path, "detent" if arm == "tuned" else arm, device=args.device,
+                          dtype=getattr(torch, args.dtype), commitment=tuples[file] if file else None, **limits)
     stock_pdl = tuple(p.strip() for p in args.stock_pdl.split(",") if p.strip())
     if not stock_pdl or [p for p in stock_pdl if p not in ("on", "off")]:
         ap.error(f"--stock-pdl {args.stock_pdl!r}: give on, off or on,off")
     results = merge_rounds([run(load, cases if i == 0 else [c for c in cases if c != "gemm"], shapes, args.load,
-                                arms=arms, stock_pdl=stock_pdl) for i in range(args.rounds)])
+                                arms=arms, stock_pdl=stock_pdl, tuned=tuned) for i in range(args.rounds)])
     results.update(model=args.model, dtype=args.dtype, limits=limits, quick=args.quick,
-                   commitment=commitment.sha256() if commitment else None)
+                   commitment={c: {"file": f, "sha256": tuples[f].sha256()} for c, f in tuned.items()} or None)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     text = render(results)

@@ -82,6 +82,10 @@ def render(results: dict) -> str:
             each = results.get("round_ratios", {}).get(case, {}).get(arm)
             spread = f" ({', '.join(f'{x:.2f}' for x in each)})" if each else ""
             out.append(f"| {case} | {label} | {text} | {ratio(results, case, arm):.2f}x{spread} |")
+    tuples = results.get("commitment") or {}
+    if len({t["file"] for t in tuples.values()}) > 1:  # each case's tuple, where they differ
+        out += ["", "tuned: " + "; ".join(f"{case} with {t['file']} ({t['sha256'][:12]})"
+                                          for case, t in tuples.items())]
     gemm = results["cases"].get("gemm", {})
     if gemm:
         arms = [a for a in gemm if gemm[a].get("sites")]  # every arm but stock (cuBLAS is the column)
@@ -103,7 +107,7 @@ def plot(results: dict, path: Path) -> None:
     arms = results["arms"]
     width = 0.8 / len(arms)
     for j, arm in enumerate(arms):
-        ratios = [ratio(results, c, arm) for c in cases]
+        ratios = [ratio(results, c, arm) if arm in results["cases"][c] else float("nan") for c in cases]
         ax.bar([i + j * width for i in range(len(cases))], ratios, width, label=arm)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([i + width for i in range(len(cases))], cases)

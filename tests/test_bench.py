@@ -100,3 +100,45 @@ def test_decode_profile_counts_idle_time_where_no_kernel_span_is_open():
     assert gaps["busy_us"] == 100 + 25 + 10
     assert gaps["in_graph_us"] == 5 and gaps["pairs"] == [("long -> next", 5)]  # not 85 after "short"
     assert gaps["host_us"] == 50
+
+
+def test_each_case_takes_its_own_tuple_and_a_bad_one_is_refused_before_any_arm_runs(tmp_path, capsys):
+    """`--commitment CASE=FILE,...`: the tuned arm runs each named case with its tuple (one model a file) and no
+    other case; a case not in the run, or a tuple of another deployment, is refused before anything runs."""
+    import torch
+
+    from detent_rl.bench import QUICK
+    from detent_rl.models import load_model
+    from detent_rl.models.builtin import builtin_checkpoint
+
+    longest = max(QUICK.decode_prompt + QUICK.decode_new, QUICK.poisson_prompt[1] + QUICK.poisson_new[1],
+                  QUICK.grpo[2] + QUICK.grpo[3])
+    limits = dict(max_context=longest + 16, max_batch=64, max_num_tokens=8192)  # the quick run's, as main sizes them
+
+    def tuple_file(name: str, **change) -> str:
+        model = load_model(builtin_checkpoint("tiny"), "detent", device="cpu", dtype=torch.float32,
+                           **{**limits, **change})
+        return str(model.selections.resolved().save(tmp_path / name))
+    a, b = tuple_file("a.json"), tuple_file("b.json")
+    base = ["--model", "tiny", "--device", "cpu", "--dtype", "float32", "--quick", "--arms", "stock,tuned",
+            "--stock-pdl", "on", "--cases", "decode-1,decode-32,grpo"]
+    assert main(base + ["--commitment", f"decode-1={a},grpo={b}", "--out", str(tmp_path / "run")]) == 0
+    data = json.loads((tmp_path / "run" / "bench.json").read_text())
+    assert data["cases"]["decode-1"]["tuned"]["commitment"] == a and data["cases"]["grpo"]["tuned"]["commitment"] == b
+    assert "tuned" not in data["cases"]["decode-32"] and "stock" in data["cases"]["decode-32"]
+    assert {c: t["file"] for c, t in data["commitment"].items()} == {"decode-1": a, "grpo": b}
+    assert f"decode-1 with {a}" in (tmp_path / "run" / "bench.md").read_text()
+    assert main(base + ["--commitment", a, "--out", str(tmp_path / "one")]) == 0  # one FILE: every case
+    one = json.loads((tmp_path / "one" / "bench.json").read_text())
+    assert all(one["cases"][c]["tuned"]["commitment"] == a for c in ("decode-1", "decode-32", "grpo"))
+    assert "tuned:" not in (tmp_path / "one" / "bench.md").read_text()  # one tuple: no per-case line
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(base + ["--commitment", f"long={a}", "--out", str(tmp_path / "x")])
+    assert "case 'long' is not among this run's --cases" in capsys.readouterr().err
+    other = tuple_file("other.json", max_num_tokens=4096)
+    with pytest.raises(SystemExit):
+        main(base + ["--commitment", f"grpo={other}", "--out", str(tmp_path / "y")])
+    err = capsys.readouterr().err
+    assert f"--commitment {other}:" in err and "max_num_tokens" in err
+    assert not (tmp_path / "y").exists()  # refused before any arm ran
