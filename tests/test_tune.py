@@ -84,7 +84,7 @@ def test_exhaustive_check_measures_every_distinct_candidate_beside_the_search(tm
     for site, cands in zip(report.sites, (distinct[i] for i in range(len(report.sites)))):
         if len(cands) <= 15:
             assert site.exhaustive in cands and site.exhaustive_n == len(cands)
-            assert site.best in cands and math.isfinite(site.gap)
+            assert site.best in cands and site.found in cands and math.isfinite(site.gap)
         else:
             assert site.exhaustive is None and site.gap is None
     assert "search over exhaustive" in report.render()
