@@ -394,6 +394,8 @@ def test_every_committed_tuple_loads_onto_its_model(tmp_path, path):
         return load_model(ckpt, "detent", device="meta", dtype=torch.bfloat16, commitment=tuple_, **limits)
 
     build(name)
-    other = {"qwen2-0.5b": "qwen2-1.5b", "qwen2-1.5b": "qwen2-0.5b"}[name]
+    others = {"qwen2-0.5b": "qwen2-1.5b", "qwen2-1.5b": "qwen2-0.5b"}
+    assert name in others, f"{path.name}: name a built-in of another deployment for {name}'s control here"
+    other = others[name]
     with pytest.raises(Exception, match="made for another deployment: num_heads"):
         build(other)
