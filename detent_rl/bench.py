@@ -26,11 +26,13 @@ is an arm's time over stock's in this run. Cases:
 
 A tuned tuple is made for a deployment and a workload: `--commitment CASE=FILE,...` gives each case its own
 (the batch-1 tuple for decode-1, the GRPO tuple for grpo, ...: every goal in one run), one model a file; a
-case it does not name has no tuned run. Every tuple is checked against this run's model and limits before
-any arm runs.
+case it does not name has no tuned run. A case's deployment is the same in every arm: the serving cases share
+one context limit (their longest request), `long` has its own, and `--max-num-tokens 8192,long=16384` gives a
+case its own limit on tokens per forward. Every tuple is checked against its case's limits before any arm runs.
 
-    python -m detent_rl.bench --cases decode-1,decode-32,grpo --arms stock,detent,tuned --rounds 3 --out runs/b \
-        --commitment decode-1=bench/tuned/h200_qwen2-0.5b_decode1.json,grpo=bench/tuned/h200_qwen2-0.5b_grpo32x8.json
+    python -m detent_rl.bench --cases decode-1,decode-32,grpo,long --arms stock,detent,tuned,det --rounds 3 \
+        --max-num-tokens 8192,long=16384 --out runs/b --commitment decode-1=bench/tuned/h200_qwen2-0.5b_decode1.json,\
+    grpo=bench/tuned/h200_qwen2-0.5b_grpo32x8.json,long=bench/tuned/h200_qwen2-0.5b_long2x12k_split512.json
 
 The stock arm runs with our kernels' programmatic dependent launch on and off (`--stock-pdl`; its
 linears are cuBLAS's either way) and keeps the faster run per case.
@@ -243,29 +245,52 @@ def poisson_arrivals(n: int, rate: float, seed: int = 3) -> list[float]:
     return out
 
 
+def case_limits(cases: list[str], shapes: Shapes, max_num_tokens: dict[str, int]) -> dict[str, dict[str, int]]:
+    """Each case's deployment, the same in every arm: the serving cases share one context limit (their
+    longest request), `long` has its own (its 12,000-token prompts), so a tuple made for the short cases'
+    deployment (a batch-1 or GRPO tuple) and one made for the long case's run in the same bench run.
+    `max_num_tokens` maps a case (or "" for every other) to its limit on tokens per forward."""
+    short = max(shapes.decode_prompt + shapes.decode_new, shapes.poisson_prompt[1] + shapes.poisson_new[1],
+                shapes.grpo[2] + shapes.grpo[3])
+    return {c: dict(max_context=max(short, shapes.long[1] + shapes.long[2] if c == "long" else 0) + 16,
+                    max_batch=max(64, shapes.grpo[0] * shapes.grpo[1]),
+                    max_num_tokens=max_num_tokens.get(c, max_num_tokens[""])) for c in cases}
+
+
 def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_factor: float,
         log: Callable[[str], None] = print, arms: tuple[str, ...] = ARMS,
-        stock_pdl: tuple[str, ...] = ("on", "off"), tuned: Optional[dict[str, str]] = None) -> dict:
+        stock_pdl: tuple[str, ...] = ("on", "off"), tuned: Optional[dict[str, str]] = None,
+        limits: Optional[dict[str, dict[str, int]]] = None) -> dict:
     """Every case in every arm (stock first: the ratios' baseline); the results by case and arm.
 
     The stock arm runs once per `stock_pdl` setting of our kernels' programmatic dependent launch
     (`kernels._triton.pdl`; its linears are cuBLAS's either way) and keeps, per case, the faster run:
     the baseline is the best stock configuration, not ours. The other arms run with PDL on (the
     default). Each stock run's result stays in `results["stock_runs"]`. `tuned` maps a case to the
-    tuple file the arm `tuned` runs it with (`load("tuned", file)`), one model a file; a case it
-    does not map has no tuned run."""
+    tuple file the arm `tuned` runs it with, one model a file; a case it does not map has no tuned run.
+    `limits` maps a case to its deployment (`case_limits`): an arm loads one model per distinct
+    deployment of its cases (`load(arm, file, limits)`); without it every case shares one (`load(arm)`)."""
     results: dict[str, Any] = {"cases": {c: {} for c in cases}, "arms": list(arms), "stock_runs": {}}
     arrivals = None
-    runs: list[tuple[str, str, list[str], Optional[str]]] = []
+
+    def groups(arm_cases: list[str]) -> list[tuple[list[str], Optional[dict[str, int]]]]:
+        """The cases by deployment, in their order."""
+        if not limits:
+            return [(arm_cases, None)]
+        key = {c: tuple(sorted(limits[c].items())) for c in arm_cases}
+        return [([c for c in arm_cases if key[c] == k], dict(k)) for k in dict.fromkeys(key.values())]
+    runs: list[tuple[str, str, list[str], Optional[str], Optional[dict[str, int]]]] = []
     for arm in arms:
         if arm == "tuned":
             files = list(dict.fromkeys((tuned or {})[c] for c in cases if c in (tuned or {})))
-            runs += [(arm, "on", [c for c in cases if (tuned or {}).get(c) == f], f) for f in files]
+            runs += [(arm, "on", group, f, lim) for f in files
+                     for group, lim in groups([c for c in cases if (tuned or {}).get(c) == f])]
         else:
-            runs += [(arm, pdl, cases, None) for pdl in (stock_pdl if arm == "stock" else ("on",))]
-    for arm, pdl, arm_cases, file in runs:
+            runs += [(arm, pdl, group, None, lim) for pdl in (stock_pdl if arm == "stock" else ("on",))
+                     for group, lim in groups(cases)]
+    for arm, pdl, arm_cases, file, lim in runs:
         os.environ["DETENT_PDL"] = "1" if pdl == "on" else "0"  # read at each launch (and graph capture)
-        model = load(arm, file) if file is not None else load(arm)
+        model = load(arm, file, lim) if lim is not None else load(arm, file) if file is not None else load(arm)
         b = Bench(model, shapes)
         if arm == "stock" and "device" not in results:
             results["device"] = torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"
@@ -329,6 +354,27 @@ def per_case_tuples(text: str, cases: list[str], error: Callable[[str], Any]) ->
     return out
 
 
+def per_case_tokens(text: str, cases: list[str], error: Callable[[str], Any]) -> dict[str, int]:
+    """`--max-num-tokens`: N for every case, then CASE=N pairs for a case with its own (comma-separated);
+    the default N under the key ""."""
+    out: dict[str, int] = {}
+    for part in (x.strip() for x in text.split(",") if x.strip()):
+        case, sep, value = part.rpartition("=")
+        if sep and case not in cases:
+            error(f"--max-num-tokens {text!r}: case {case!r} is not among this run's --cases ({', '.join(cases)})")
+        if case in out:
+            error(f"--max-num-tokens {text!r}: {'case ' + repr(case) if case else 'the default'} given twice")
+        try:
+            out[case] = int(value)
+        except ValueError:
+            error(f"--max-num-tokens {text!r}: {value!r} in {part!r} is not a whole number")
+        if out[case] < 1:
+            error(f"--max-num-tokens {text!r}: {part!r}: give 1 or more tokens")
+    if "" not in out:
+        error(f"--max-num-tokens {text!r}: give the default N first (then CASE=N for a case with its own)")
+    return out
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m detent_rl.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2-0.5b", help="a built-in name or an HF checkpoint directory")
@@ -345,8 +391,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--stock-pdl", default="on,off",
                     help="the stock arm runs once per setting of our kernels' PDL (on, off) and keeps its faster run")
     ap.add_argument("--load", type=float, default=0.5, help="poisson: arrival rate as a share of stock's offline rate")
-    ap.add_argument("--max-num-tokens", type=int, default=8192,
-                    help="every arm's deployment limit on tokens per forward (a tuned tuple names its own: match it)")
+    ap.add_argument("--max-num-tokens", default="8192",
+                    help="every arm's deployment limit on tokens per forward (a tuned tuple names its own: match it): "
+                         "N, or N,CASE=N,... for a case with its own (e.g. 8192,long=16384)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run the arms this many times in turn, each round loading them afresh; a ratio is then "
                          "the median of the rounds' paired ratios (gemm runs in the first round only)")
@@ -374,36 +421,36 @@ def main(argv: Optional[list[str]] = None) -> int:
     from detent_rl.models import load_model
     from detent_rl.models.builtin import NAMES, builtin_checkpoint
     path = builtin_checkpoint(args.model) if args.model in NAMES else Path(args.model)
-    longest = max(shapes.decode_prompt + shapes.decode_new, shapes.poisson_prompt[1] + shapes.poisson_new[1],
-                  shapes.grpo[2] + shapes.grpo[3], shapes.long[1] + shapes.long[2] if "long" in cases else 0)
-    limits = dict(max_context=longest + 16, max_batch=max(64, shapes.grpo[0] * shapes.grpo[1]),
-                  max_num_tokens=args.max_num_tokens)
+    limits = case_limits(cases, shapes, per_case_tokens(args.max_num_tokens, cases, ap.error))
     tuned = per_case_tuples(args.commitment, cases, ap.error) if args.commitment else {}
-    tuples = {}
-    for f in dict.fromkeys(tuned.values()):  # each refused now, with the loader's reason, before any arm runs
+    tuples: dict[str, CommitmentTuple] = {}
+    for case, f in tuned.items():  # each refused now, with the loader's reason, before any arm runs
         try:
-            tuples[f] = CommitmentTuple.load(f)
+            tuples[f] = tuples.get(f) or CommitmentTuple.load(f)
             load_model(path, "detent", device="meta", dtype=getattr(torch, args.dtype), commitment=tuples[f],
-                       **limits)
+                       **limits[case])
         except Exception as e:  # noqa: BLE001 (any refusal of the tuple: its message names it)
-            ap.error(f"--commitment {f}: {e} (this run's limits: {limits})")
+            ap.error(f"--commitment {f}: {e} (the {case} case's limits: {limits[case]})")
 
-    def load(arm: str, file: Optional[str] = None) -> CausalLM:
+    def load(arm: str, file: Optional[str], lim: dict[str, int]) -> CausalLM:
         return load_model(path, "detent" if arm == "tuned" else arm, device=args.device,
-                          dtype=getattr(torch, args.dtype), commitment=tuples[file] if file else None, **limits)
+                          dtype=getattr(torch, args.dtype), commitment=tuples[file] if file else None, **lim)
     stock_pdl = tuple(p.strip() for p in args.stock_pdl.split(",") if p.strip())
     if not stock_pdl or [p for p in stock_pdl if p not in ("on", "off")]:
         ap.error(f"--stock-pdl {args.stock_pdl!r}: give on, off or on,off")
-    results = merge_rounds([run(load, cases if i == 0 else [c for c in cases if c != "gemm"], shapes, args.load,
-                                arms=arms, stock_pdl=stock_pdl, tuned=tuned) for i in range(args.rounds)])
-    results.update(model=args.model, dtype=args.dtype, limits=limits, quick=args.quick,
-                   commitment={c: {"file": f, "sha256": tuples[f].sha256()} for c, f in tuned.items()} or None)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    text = render(results)
-    (out / "bench.md").write_text(text + "\n")
-    (out / "bench.json").write_text(json.dumps(results, indent=1, default=str))
-    plot(results, out / "bench.png")
+    done: list[dict] = []
+    for i in range(args.rounds):  # the files are written after every round: a run cut short keeps what it finished
+        done.append(run(load, cases if i == 0 else [c for c in cases if c != "gemm"], shapes, args.load,
+                        arms=arms, stock_pdl=stock_pdl, tuned=tuned, limits=limits))
+        results = merge_rounds(done)
+        results.update(model=args.model, dtype=args.dtype, limits=limits, quick=args.quick, rounds_asked=args.rounds,
+                       commitment={c: {"file": f, "sha256": tuples[f].sha256()} for c, f in tuned.items()} or None)
+        text = render(results)
+        (out / "bench.md").write_text(text + "\n")
+        (out / "bench.json").write_text(json.dumps(results, indent=1, default=str))
+        plot(results, out / "bench.png")
     print(text)
     print(f"wrote {out / 'bench.md'}, bench.json, bench.png")
     return 0

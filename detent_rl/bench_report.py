@@ -62,8 +62,10 @@ def _median_run(case: str, runs: list[dict]) -> dict:
 def render(results: dict) -> str:
     rounds = len(results.get("rounds", ())) or 1
     head = "time vs stock" if rounds == 1 else f"time vs stock, median of {rounds} rounds (each round's)"
+    asked = results.get("rounds_asked", rounds)
     out = [f"device {results['device']}; copy bandwidth {results['copy_bandwidth_gbs']:.0f} GB/s (read + write); "
-           f"weights {results['weight_bytes'] / 1e9:.3f} GB", "",
+           f"weights {results['weight_bytes'] / 1e9:.3f} GB" + (f"; {rounds} of {asked} rounds done" if asked > rounds
+                                                               else ""), "",
            f"| case | arm | result | {head} |", "|---|---|---|---|"]
     for case, arms in results["cases"].items():
         if case == "gemm":
@@ -86,6 +88,10 @@ def render(results: dict) -> str:
     if len({t["file"] for t in tuples.values()}) > 1:  # each case's tuple, where they differ
         out += ["", "tuned: " + "; ".join(f"{case} with {t['file']} ({t['sha256'][:12]})"
                                           for case, t in tuples.items())]
+    limits = results.get("limits") or {}
+    if len({tuple(sorted(v.items())) for v in limits.values()}) > 1:  # each case's deployment, where they differ
+        out += ["", "limits (every arm): " + "; ".join(
+            f"{case} {', '.join(f'{k} {v:,}' for k, v in sorted(lim.items()))}" for case, lim in limits.items())]
     gemm = results["cases"].get("gemm", {})
     if gemm:
         arms = [a for a in gemm if gemm[a].get("sites")]  # every arm but stock (cuBLAS is the column)

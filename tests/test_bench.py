@@ -48,7 +48,7 @@ def test_rounds_pair_each_ratio_with_its_own_stock_run(tmp_path):
     grpo = data["cases"]["grpo"]["detent"]
     assert grpo["prefill_s"] > 0 and grpo["decode_ms_per_step"] > 0 and grpo["prefill_s"] < grpo["wall_s"]
     table = (tmp_path / "bench.md").read_text()
-    assert "median of 3 rounds" in table and "ms/step)" in table
+    assert "median of 3 rounds" in table and "ms/step)" in table and "rounds done" not in table
     median = sorted(data["round_ratios"]["grpo"]["detent"])[1]
     assert f"| {median:.2f}x (" in table
 
@@ -142,3 +142,64 @@ def test_each_case_takes_its_own_tuple_and_a_bad_one_is_refused_before_any_arm_r
     err = capsys.readouterr().err
     assert f"--commitment {other}:" in err and "max_num_tokens" in err
     assert not (tmp_path / "y").exists()  # refused before any arm ran
+
+
+def test_the_long_case_runs_under_its_own_deployment_beside_the_short_cases_tuples(tmp_path, capsys):
+    """One run holds every case: the long case's deployment (its context, `--max-num-tokens ...,long=N`) is its
+    own in every arm, so a tuple made for it and one made for the serving cases are both taken; a tuple of
+    the short cases' deployment given to the long case is refused before anything runs, and so is a
+    malformed `--max-num-tokens`."""
+    import torch
+
+    from detent_rl.bench import QUICK, case_limits
+    from detent_rl.models import load_model
+    from detent_rl.models.builtin import builtin_checkpoint
+
+    limits = case_limits(["decode-1", "long"], QUICK, {"": 8192, "long": 4096})
+    assert limits["long"]["max_context"] > limits["decode-1"]["max_context"]
+    assert (limits["decode-1"]["max_num_tokens"], limits["long"]["max_num_tokens"]) == (8192, 4096)
+
+    def tuple_file(name: str, case: str) -> str:
+        model = load_model(builtin_checkpoint("tiny"), "detent", device="cpu", dtype=torch.float32, **limits[case])
+        return str(model.selections.resolved().save(tmp_path / name))
+    short, long = tuple_file("short.json", "decode-1"), tuple_file("long.json", "long")
+    base = ["--model", "tiny", "--device", "cpu", "--dtype", "float32", "--quick", "--arms", "stock,detent,tuned",
+            "--stock-pdl", "on", "--cases", "decode-1,long"]
+    assert main(base + ["--max-num-tokens", "8192,long=4096", "--commitment", f"decode-1={short},long={long}",
+                        "--out", str(tmp_path / "run")]) == 0
+    data = json.loads((tmp_path / "run" / "bench.json").read_text())
+    assert data["limits"] == limits
+    for case, f in (("decode-1", short), ("long", long)):
+        assert set(data["cases"][case]) == {"stock", "detent", "tuned"}
+        assert data["cases"][case]["tuned"]["commitment"] == f and data["cases"][case]["tuned"]["ms_per_step"] > 0
+    assert "long max_batch 64, max_context" in (tmp_path / "run" / "bench.md").read_text()
+    capsys.readouterr()
+    for tokens, commitment, said in (("8192", f"long={short}", "the long case's limits"),
+                                     ("long=4096", short, "give the default N first"),
+                                     ("8192,grpo=4096", short, "case 'grpo' is not among this run's --cases"),
+                                     ("8192,long=x", short, "'x' in 'long=x' is not a whole number"),
+                                     ("8192,8192", short, "the default given twice")):
+        with pytest.raises(SystemExit):
+            main(base + ["--max-num-tokens", tokens, "--commitment", commitment, "--out", str(tmp_path / "x")])
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_run_cut_short_keeps_the_rounds_it_finished(tmp_path, monkeypatch):
+    """The files are written after every round: a run stopped in its second round keeps the first's tables."""
+    import detent_rl.bench as bench
+
+    calls, real = [], bench.run
+
+    def stopped_in_round_two(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("stopped")
+        return real(*a, **kw)
+    monkeypatch.setattr(bench, "run", stopped_in_round_two)
+    with pytest.raises(KeyboardInterrupt):
+        main(["--model", "tiny", "--device", "cpu", "--dtype", "float32", "--quick", "--cases", "decode-1",
+              "--arms", "stock,detent", "--stock-pdl", "on", "--rounds", "2", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["rounds_asked"] == 2 and data["cases"]["decode-1"]["detent"]["ms_per_step"] > 0
+    assert "1 of 2 rounds done" in (tmp_path / "bench.md").read_text()
