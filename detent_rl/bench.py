@@ -19,7 +19,7 @@ is an arm's time over stock's in this run. Cases:
 - `long`: batch 2, 12,000-token prompts: ms per decode step.
 - `gemm` (CUDA only): every linear site of the model against cuBLAS at M = 1 ... 8,192, CUDA-graph
   replays over rotating weight copies (read from HBM, as in a step, not from L2): the detent
-  default's and det's ratios.
+  default's and det's ratios, our kernel alone (its PDL off, as cuBLAS runs) and with PDL on.
 
     python -m detent_rl.bench --model qwen2-0.5b --out runs/bench_05b
     python -m detent_rl.bench --model qwen2-1.5b --cases decode-1,decode-32,long --out runs/bench_15b
@@ -180,8 +180,12 @@ class Bench:
                 "decode_ms_per_step": 1e3 * statistics.median(d for _, d in timed)}
 
     def gemm(self) -> list[dict]:
-        """Each linear site against cuBLAS: CUDA-graph replays, µs per call (CUDA only)."""
+        """Each linear site against cuBLAS: CUDA-graph replays, µs per call (CUDA only). Our kernel is timed
+        with its programmatic dependent launch off (`ratio`: the kernel alone, as cuBLAS runs) and on
+        (`ratio_pdl`): replays of one GEMM overlap their neighbours under PDL, which a step never does (its
+        GEMMs follow other kernels), and which helps a small launch and slows a persistent one."""
         bench = lambda fn: graph_seconds(fn) * 1e6  # noqa: E731
+        held = os.environ.get("DETENT_PDL")
         sel = self.model.selections
         rows, seen = [], set()
         limit = sel.deployment.max_num_tokens
@@ -195,9 +199,16 @@ class Bench:
             for m in (m for m in GEMM_MS if m <= limit):
                 x = torch.randn(m, k, device=module.weight.device).to(module.weight.dtype)
                 cublas = bench(lambda: stock_linear(x, w()))
-                ours = bench(lambda: linear(x, w(), None, **launch_params(selector(m))))
-                rows.append({"site": f"{k}->{n}", "m": m, "cublas_us": cublas, "ratio": ours / cublas,
-                             "chunk": selector(m).chunk})
+                ours = {}
+                for flag in ("0", "1"):
+                    os.environ["DETENT_PDL"] = flag  # read at each launch (and graph capture)
+                    ours[flag] = bench(lambda: linear(x, w(), None, **launch_params(selector(m))))
+                rows.append({"site": f"{k}->{n}", "m": m, "cublas_us": cublas, "ratio": ours["0"] / cublas,
+                             "ratio_pdl": ours["1"] / cublas, "chunk": selector(m).chunk})
+        if held is None:
+            os.environ.pop("DETENT_PDL", None)
+        else:
+            os.environ["DETENT_PDL"] = held
         return rows
 
 

@@ -95,11 +95,13 @@ def render(results: dict) -> str:
     gemm = results["cases"].get("gemm", {})
     if gemm:
         arms = [a for a in gemm if gemm[a].get("sites")]  # every arm but stock (cuBLAS is the column)
-        out += ["", "| site | M | cuBLAS µs | " + " | ".join(arms) + " |", "|---|---|---|" + "---|" * len(arms)]
+        out += ["", "Our kernel over cuBLAS, alone (PDL off) / with PDL on (replays overlapping):", "",
+                "| site | M | cuBLAS µs | " + " | ".join(arms) + " |", "|---|---|---|" + "---|" * len(arms)]
         by_arm = {a: {(r["site"], r["m"]): r for r in gemm[a]["sites"]} for a in arms}
         for key, r in by_arm[arms[0]].items() if arms else ():
-            cells = [f"{by_arm[a][key]['ratio']:.2f}x (chunk {by_arm[a][key]['chunk']})" if key in by_arm[a] else "-"
-                     for a in arms]
+            cells = [(f"{by_arm[a][key]['ratio']:.2f}x" + (f" / {by_arm[a][key]['ratio_pdl']:.2f}x"
+                                                           if "ratio_pdl" in by_arm[a][key] else "")
+                      + f" (chunk {by_arm[a][key]['chunk']})") if key in by_arm[a] else "-" for a in arms]
             out.append(f"| {r['site']} | {r['m']} | {r['cublas_us']:.1f} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 

@@ -203,3 +203,13 @@ def test_a_run_cut_short_keeps_the_rounds_it_finished(tmp_path, monkeypatch):
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["rounds_asked"] == 2 and data["cases"]["decode-1"]["detent"]["ms_per_step"] > 0
     assert "1 of 2 rounds done" in (tmp_path / "bench.md").read_text()
+
+
+def test_the_gemm_table_gives_our_kernel_alone_and_under_pdl():
+    from detent_rl.bench_report import render
+
+    rows = [{"site": "896->1152", "m": 512, "cublas_us": 5.0, "ratio": 1.12, "ratio_pdl": 1.30, "chunk": 896}]
+    results = {"device": "H200", "copy_bandwidth_gbs": 4000.0, "weight_bytes": 10 ** 9,
+               "cases": {"gemm": {"stock": {}, "detent": {"sites": rows}}}}
+    text = render(results)
+    assert "alone (PDL off) / with PDL on" in text and "| 896->1152 | 512 | 5.0 | 1.12x / 1.30x (chunk 896) |" in text

@@ -118,7 +118,12 @@ DEEP_WGMMA_P_CHOICE, WIDE_WGMMA_P_CHOICE = 8, 9
 # (cuBLAS 13.2 / 19.1). K whole, the persistent 64 x 128 tile of 64-element K blocks (choice 11) where choice 8 ran
 # before at M 257-512 (the 0.5B gate_up at 512: 18.3 against 20.0 us, cuBLAS 16.0), and from M = 513 to 2,048 on
 # outputs that 256-column tiles do not divide (the 0.5B qkv, 1,152 wide, at 2,048: 12.1 against 13.0-14.1).
+# Below M = 257 it takes choice 11 where its tiles number at least MID_TILES_PER_SM a multiprocessor (a persistent
+# program then runs several): the 1.5B gate_up (17,920 wide) at M = 256, 560 tiles, 31.6 against 34.4 us in the
+# Triton 64 x 128 tile (cuBLAS 25.1; session 29: 32.1 against ~36), while the 0.5B gate_up at 256 (304 tiles) ran
+# 12.9 against 12.1 (H200, our PDL off, .devrun-style probe; docs/BENCHMARKS.md, session 30).
 SPLIT_WGMMA_CHOICE, MID_WGMMA_P_CHOICE = 10, 11
+MID_TILES_PER_SM = 4
 assert (SPLIT_WGMMA_SMALL.block_m, SPLIT_WGMMA_SMALL.block_n, SPLIT_WGMMA_WIDE.block_m, SPLIT_WGMMA_WIDE.block_n) == \
     (64, 64, 128, 128), "the program's unit count below assumes these tiles"
 SMALL_TILES_PER_SM = 3
@@ -195,7 +200,9 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
         choice = SMALL_WGMMA_CHOICE
         if small_tiles > 2 * num_sms:  # many tiles: a shorter ring lets more CTAs share a multiprocessor
             choice = SMALL_WGMMA_RING4_CHOICE
-    if choice == 0 and chunk >= k and bucket == 512 and m > 256 and dtype_bytes == 2:
+    mid_tiles = (m + 63) // 64 * ((n + 127) // 128)
+    if (choice == 0 and chunk >= k and bucket == 512 and dtype_bytes == 2
+            and (m > 256 or (natural == 512 and mid_tiles >= MID_TILES_PER_SM * num_sms))):
         choice = MID_WGMMA_P_CHOICE  # (the small tiles' rule above took the narrower outputs)
     split_tile = 64 if bucket == 128 else 128  # the square tiles of SPLIT_WGMMA_SMALL and SPLIT_WGMMA_WIDE
     split_units = (m + split_tile - 1) // split_tile * ((n + split_tile - 1) // split_tile) * ((k + chunk - 1) // chunk)
