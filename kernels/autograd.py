@@ -172,11 +172,9 @@ def token_logprobs_segments_autograd(logits: torch.Tensor, token_ids: torch.Tens
 
 
 def linear_autograd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], launch: dict) -> torch.Tensor:
-    """`linear(x, w, b, **launch)`, `launch` from `matmul.launch_params(selection)` (with `gated`, x the gated
-    MLP's gate-and-up output: no gradient)."""
+    """`linear(x, w, b, **launch)`, `launch` from `matmul.launch_params(selection)`."""
     if not _needs_grad(x, w, b):
         return linear(x, w, b, **launch)
-    assert not launch.get("gated"), "a gated linear has no backward: materialise the activation (silu_and_mul)"
     return _Linear.apply(x, w, b, launch)
 
 

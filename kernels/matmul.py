@@ -53,21 +53,12 @@ def _tile_offsets(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
 
 @triton.jit
 def _dot_k_blocks(x_ptr, w_ptr, acc, offs_m, offs_n, k_start, num_blocks, M, N, K, stride_xm, stride_xk,
-                  stride_wn, stride_wk, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-                  GATED: tl.constexpr = False):
-    """`acc` plus the products of `num_blocks` BLOCK_K blocks of K from `k_start`, in block order. `GATED`:
-    x's row holds a gate and an up half of K each, and the A operand is SiLU-and-mul's output of them,
-    computed as it loads with `silu_and_mul`'s arithmetic (the same roundings: the same operand bits)."""
+                  stride_wn, stride_wk, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """`acc` plus the products of `num_blocks` BLOCK_K blocks of K from `k_start`, in block order."""
     for kb in range(0, num_blocks):
         offs_k = k_start + kb * BLOCK_K + tl.arange(0, BLOCK_K)
-        x_at = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
-        x_mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
-        x = tl.load(x_at, mask=x_mask, other=0.0)
-        if GATED:
-            g = x.to(tl.float32)
-            u = tl.load(x_at + K * stride_xk, mask=x_mask, other=0.0)
-            s = (g / (1.0 + tl.exp(-g))).to(w_ptr.dtype.element_ty)
-            x = (s.to(tl.float32) * u.to(tl.float32)).to(w_ptr.dtype.element_ty)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
+                    mask=(offs_m[:, None] < M) & (offs_k[None, :] < K), other=0.0)
         w = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
                     mask=(offs_n[None, :] < N) & (offs_k[:, None] < K), other=0.0)
         if UPCAST:  # the CPU interpreter mis-computes tl.dot on 16-bit operands
@@ -85,7 +76,7 @@ def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, num_chunks, st
                    stride_wn, stride_wk, stride_om, stride_on, HAS_BIAS: tl.constexpr, PARALLEL: tl.constexpr,
                    CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_M: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, FLAT: tl.constexpr,
-                   PDL: tl.constexpr, GATED: tl.constexpr = False):
+                   PDL: tl.constexpr):
     pdl_enter(PDL)
     offs_m, offs_n = _tile_offsets(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -93,23 +84,23 @@ def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, num_chunks, st
     if PARALLEL:
         c = tl.program_id(1)
         part = _dot_k_blocks(x_ptr, w_ptr, zero, offs_m, offs_n, c * CHUNK, CHUNK // BLOCK_K, M, N, K,
-                             stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, IEEE, UPCAST, GATED)
+                             stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, IEEE, UPCAST)
         tl.store(ws_ptr + c * M * N + offs_m[:, None] * N + offs_n[None, :], part, mask=mask)
     elif FLAT:  # one loop over every K block (one software pipeline), the chunk sum folded at chunk ends
         total = zero
         acc = zero
         for kb in range(0, num_chunks * (CHUNK // BLOCK_K)):
             acc = _dot_k_blocks(x_ptr, w_ptr, acc, offs_m, offs_n, kb * BLOCK_K, 1, M, N, K, stride_xm,
-                                stride_xk, stride_wn, stride_wk, BLOCK_K, IEEE, UPCAST, GATED)
+                                stride_xk, stride_wn, stride_wk, BLOCK_K, IEEE, UPCAST)
             if kb % (CHUNK // BLOCK_K) == CHUNK // BLOCK_K - 1:
                 total += acc  # 0 + the first chunk's sum is that sum: the same operations as below
                 acc = zero
     else:
         total = _dot_k_blocks(x_ptr, w_ptr, zero, offs_m, offs_n, 0, CHUNK // BLOCK_K, M, N, K, stride_xm,
-                              stride_xk, stride_wn, stride_wk, BLOCK_K, IEEE, UPCAST, GATED)
+                              stride_xk, stride_wn, stride_wk, BLOCK_K, IEEE, UPCAST)
         for c in range(1, num_chunks):  # chunk sums added in chunk order, each from a fresh accumulator
             total += _dot_k_blocks(x_ptr, w_ptr, zero, offs_m, offs_n, c * CHUNK, CHUNK // BLOCK_K, M, N, K,
-                                   stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, IEEE, UPCAST, GATED)
+                                   stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, IEEE, UPCAST)
     if not PARALLEL:
         if HAS_BIAS:
             total += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
@@ -146,7 +137,7 @@ def check_operands(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, chunk: int, parallel: bool,
            block_m: int, block_n: int, block_k: int, group_m: int = 8, num_warps: int = 4,
            num_stages: int = 3, flat: bool = False, wgmma: bool = False, swap_ab: bool = False,
-           persistent: bool = False, out_dtype: torch.dtype | None = None, gated: int = 0) -> torch.Tensor:
+           persistent: bool = False, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """`x @ w.T + bias` for x [M, K], w [N, K]: K cut into `chunk`-element chunks (what fixes the
     bits; `chunk >= K` is one chunk), computed by the parallel or the sequential schedule with the
     given tile (free per call: neither changes a row's bits). `flat` runs the sequential schedule as
@@ -157,69 +148,35 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     in chunk order: models/parallel.py); default x's dtype. `swap_ab` (with `wgmma`) computes each tile
     transposed in the warpgroup kernel (`matmul_wgmma`); where that kernel does not run, the same tile
     runs the Triton kernel: the same bits. `persistent` (with `wgmma`) runs the warpgroup kernel's tiles a
-    few to a program, as many programs as the SMs hold (bit-neutral too).
-
-    `gated` (a positive `silu_and_mul` block): x is the gated MLP's [M, 2K] gate-and-up output and the
-    product is `silu_and_mul(x) @ w.T`. Where the Triton kernel runs the call (decode's small M), each A
-    tile is SiLU-and-mul's output computed as it loads, with that kernel's arithmetic: one launch less and
-    the same bits; elsewhere the activation is materialised first (with that block: bit-neutral)."""
+    few to a program, as many programs as the SMs hold (bit-neutral too)."""
+    check_operands(x, w, bias)
     assert chunk > 0 and block_m > 0 and block_n > 0 and block_k > 0
     assert chunk % block_k == 0, f"chunk {chunk} must be whole BLOCK_K {block_k} blocks"
-    if gated:
-        assert x.dim() == 2 and x.shape[1] % 2 == 0, f"gated: x must be [M, 2K], got {tuple(x.shape)}"
-        h = x[:, :x.shape[1] // 2]  # what the activation's shape and strides route by
-        check_operands(h, w, bias)
-        if (_routes_to_wgmma(h, w, chunk, parallel, block_m, block_n, block_k, swap_ab, wgmma, out_dtype)
-                or not (x.is_cuda or interpreting())):
-            from detent_rl.kernels.silu_and_mul import silu_and_mul
-
-            return linear(silu_and_mul(x, block=gated), w, bias, chunk=chunk, parallel=parallel, block_m=block_m,
-                          block_n=block_n, block_k=block_k, group_m=group_m, num_warps=num_warps,
-                          num_stages=num_stages, flat=flat, wgmma=wgmma, swap_ab=swap_ab, persistent=persistent,
-                          out_dtype=out_dtype)
-        return _linear_triton(x, w, bias, *_prepared(h, chunk, parallel, block_k), parallel, block_m, block_n,
-                              group_m, num_warps, num_stages, flat, out_dtype or x.dtype, gated=True)
-    check_operands(x, w, bias)
-    if _routes_to_wgmma(x, w, chunk, parallel, block_m, block_n, block_k, swap_ab, wgmma, out_dtype):
-        chunk, block_k = _prepared(x, chunk, parallel, block_k)
-        return linear_wgmma(x, w, bias, chunk=chunk, block_k=block_k, group_m=group_m, num_buffers=num_stages,
-                            pdl=pdl(x)["PDL"], block_m=block_m, block_n=block_n, swap_ab=swap_ab,
-                            persistent=persistent, split=parallel and chunk < x.shape[1])
-    chunk, block_k = _prepared(x, chunk, parallel, block_k)
-    if x.is_cuda or interpreting():
-        return _linear_triton(x, w, bias, chunk, block_k, parallel, block_m, block_n, group_m, num_warps,
-                              num_stages, flat, out_dtype or x.dtype)
-    return _linear_cpu(x, w, bias, chunk, out_dtype)
-
-
-def _prepared(x: torch.Tensor, chunk: int, parallel: bool, block_k: int) -> tuple[int, int]:
-    """(chunk, block_k) as the kernels take them: the chunk no longer than K's blocks, and two blocks a
-    sequential chunk at least."""
     chunk = min(chunk, -(-x.shape[1] // block_k) * block_k)  # past K a chunk only adds exact zeros
     if not parallel and block_k == chunk:
         # a chunk of one tl.dot added to the running total (or to the bias) is folded by Triton into
         # one dot that accumulates onto it (`dot(a, b, 0) + t -> dot(a, b, t)`): other bits (312 of
         # 622,592 outputs differed on the H200). Two blocks per chunk keep the chunk's own sum.
         block_k //= 2
-    return chunk, block_k
-
-
-def _routes_to_wgmma(x: torch.Tensor, w: torch.Tensor, chunk: int, parallel: bool, block_m: int, block_n: int,
-                     block_k: int, swap_ab: bool, wgmma: bool, out_dtype: torch.dtype | None) -> bool:
-    """Whether `linear` runs this call in the warpgroup kernel (`matmul_wgmma`) rather than the Triton one."""
-    chunk, block_k = _prepared(x, chunk, parallel, block_k)
+    out_dtype = out_dtype or x.dtype
     split = parallel and chunk < x.shape[1]  # the parallel form: whole tiles a chunk, into an fp32 workspace
-    return bool(wgmma and (out_dtype or x.dtype) == x.dtype and x.is_cuda and wgmma_applies(x, w, block_k)
-                and (not split or (not swap_ab and w.shape[0] % 4 == 0))
-                and wgmma_tile_fits(block_m, block_n, chunk < x.shape[1] and not split, swap_ab))
+    if (wgmma and out_dtype == x.dtype and x.is_cuda and wgmma_applies(x, w, block_k)
+            and (not split or (not swap_ab and w.shape[0] % 4 == 0))
+            and wgmma_tile_fits(block_m, block_n, chunk < x.shape[1] and not split, swap_ab)):
+        return linear_wgmma(x, w, bias, chunk=chunk, block_k=block_k, group_m=group_m, num_buffers=num_stages,
+                            pdl=pdl(x)["PDL"], block_m=block_m, block_n=block_n, swap_ab=swap_ab,
+                            persistent=persistent, split=split)
+    if x.is_cuda or interpreting():
+        return _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps,
+                              num_stages, flat, out_dtype)
+    return _linear_cpu(x, w, bias, chunk, out_dtype)
 
 
-def _linear_triton(x, w, bias, chunk, block_k, parallel, block_m, block_n, group_m, num_warps, num_stages,
-                   flat, out_dtype, gated=False):
-    """The Triton kernel's call; `gated`: x is [M, 2K] gate-and-up, the A operand SiLU-and-mul's output."""
-    M, K = x.shape[0], x.shape[1] // (2 if gated else 1)
+def _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps, num_stages,
+                   flat=False, out_dtype=None):
+    M, K = x.shape
     N = w.shape[0]
-    out = torch.empty((M, N), dtype=out_dtype, device=x.device)
+    out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     if M == 0:
         return out
     chunks = triton.cdiv(K, chunk)
@@ -232,7 +189,7 @@ def _linear_triton(x, w, bias, chunk, block_k, parallel, block_m, block_n, group
         out.stride(1), HAS_BIAS=bias is not None, PARALLEL=parallel, CHUNK=chunk, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, IEEE=x.dtype == torch.float32,
         UPCAST=interpreting() and x.dtype != torch.float32, FLAT=flat and not parallel and chunks > 1,
-        num_warps=num_warps, num_stages=num_stages, GATED=gated, **pdl(x))
+        num_warps=num_warps, num_stages=num_stages, **pdl(x))
     if parallel:  # the chunk sums added in chunk order
         combine_splits(ws, bias, out)
     return out

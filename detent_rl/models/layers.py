@@ -199,9 +199,6 @@ class RotaryEmbedding(nn.Module):
         return rotary_autograd(q, k, positions, self.cos, self.sin, block=self._select(q.shape[0]).block)
 
 
-FUSE_GATED = True  # MLP: SiLU-and-mul inside the down projection's loads where it can (False: an A/B's other arm)
-
-
 class MLP(nn.Module):
     """down(silu(gate(x)) * up(x)), gate and up fused into one matmul."""
 
@@ -216,14 +213,8 @@ class MLP(nn.Module):
         self._select = selections.get("elementwise", width=width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gu, block, down = self.gate_up_proj(x), self._select(x.shape[0]).block, self.down_proj
-        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (gu, down.weight, down.bias))
-        if FUSE_GATED and down.parallel is None and not down._stock and not grad:
-            # no gradient (the rollout, a rescore): the activation computed in the down projection's operand
-            # loads where its Triton kernel runs the call (`linear(gated=...)`: the same bits, a launch less)
-            launch = {**launch_params(down._select(x.shape[0])), "gated": block}
-            return linear_autograd(gu, down.weight, down.bias, launch)
-        return down(silu_and_mul_autograd(gu, block=block))
+        h = silu_and_mul_autograd(self.gate_up_proj(x), block=self._select(x.shape[0]).block)
+        return self.down_proj(h)
 
 
 def local_heads(config: ModelConfig, tp: TensorParallel | None) -> tuple[int, int]:
