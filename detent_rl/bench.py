@@ -37,7 +37,8 @@ case its own limit on tokens per forward. Every tuple is checked against its cas
 The stock arm runs with our kernels' programmatic dependent launch on and off (`--stock-pdl`; its
 linears are cuBLAS's either way) and keeps the faster run per case.
 
-`--rounds R` runs the arms R times in turn in the one process; each ratio is then the median of the
+`--rounds R` runs the arms R times in turn in the one process, each round starting at the next arm (the
+first at stock) and serving the first round's Poisson arrivals; each ratio is then the median of the
 rounds' paired ratios (an arm over the same round's stock run), which a drift of the machine between
 rounds does not bias (`detent_rl/bench_report.py`).
 
@@ -281,8 +282,9 @@ def case_limits(cases: list[str], shapes: Shapes, max_num_tokens: dict[str, int]
 def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_factor: float,
         log: Callable[[str], None] = print, arms: tuple[str, ...] = ARMS,
         stock_pdl: tuple[str, ...] = ("on", "off"), tuned: Optional[dict[str, str]] = None,
-        limits: Optional[dict[str, dict[str, int]]] = None) -> dict:
-    """Every case in every arm (stock first: the ratios' baseline); the results by case and arm.
+        limits: Optional[dict[str, dict[str, int]]] = None, first: int = 0,
+        poisson_rate: Optional[float] = None) -> dict:
+    """Every case in every arm; the results by case and arm.
 
     The stock arm runs once per `stock_pdl` setting of our kernels' programmatic dependent launch
     (`kernels._triton.pdl`; its linears are cuBLAS's either way) and keeps, per case, the faster run:
@@ -290,9 +292,16 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
     default). Each stock run's result stays in `results["stock_runs"]`. `tuned` maps a case to the
     tuple file the arm `tuned` runs it with, one model a file; a case it does not map has no tuned run.
     `limits` maps a case to its deployment (`case_limits`): an arm loads one model per distinct
-    deployment of its cases (`load(arm, file, limits)`); without it every case shares one (`load(arm)`)."""
+    deployment of its cases (`load(arm, file, limits)`); without it every case shares one (`load(arm)`).
+
+    The runs go in arm order from the `first`-th (stock's first: 0), so that rounds can each start at
+    another arm: whatever a process's first run of a kernel meets (a compile, a cold cache) is not always
+    the same arm's. The Poisson trace's arrival rate is `poisson_rate`, else `load_factor` x stock's
+    offline rate, which then needs stock to run first."""
     results: dict[str, Any] = {"cases": {c: {} for c in cases}, "arms": list(arms), "stock_runs": {}}
-    arrivals = None
+    arrivals = None if poisson_rate is None else poisson_arrivals(shapes.poisson_requests, poisson_rate)
+    if poisson_rate is not None:
+        results["poisson_rate_per_s"] = poisson_rate
 
     def groups(arm_cases: list[str]) -> list[tuple[list[str], Optional[dict[str, int]]]]:
         """The cases by deployment, in their order."""
@@ -309,11 +318,12 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
         else:
             runs += [(arm, pdl, group, None, lim) for pdl in (stock_pdl if arm == "stock" else ("on",))
                      for group, lim in groups(cases)]
+    runs = runs[first % len(runs):] + runs[:first % len(runs)]
     for arm, pdl, arm_cases, file, lim in runs:
         os.environ["DETENT_PDL"] = "1" if pdl == "on" else "0"  # read at each launch (and graph capture)
         model = load(arm, file, lim) if lim is not None else load(arm, file) if file is not None else load(arm)
         b = Bench(model, shapes)
-        if arm == "stock" and "device" not in results:
+        if "device" not in results:  # (the same weights in every arm)
             results["device"] = torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"
             nbytes = 1 << 30 if model.device.type == "cuda" else 1 << 27
             results["copy_bandwidth_gbs"] = copy_bandwidth(model.device, nbytes) / 1e9
@@ -329,6 +339,7 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
             elif case == "poisson":
                 trace = trace_of(shapes, b.vocab)
                 if arrivals is None:  # the load is set by stock's offline rate
+                    assert arm == "stock", "the Poisson rate is stock's: give poisson_rate or run stock first"
                     rate = load_factor * len(trace) / b.offline(trace)
                     arrivals = poisson_arrivals(len(trace), rate)
                     results["poisson_rate_per_s"] = rate
@@ -464,7 +475,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     done: list[dict] = []
     for i in range(args.rounds):  # the files are written after every round: a run cut short keeps what it finished
         done.append(run(load, cases if i == 0 else [c for c in cases if c != "gemm"], shapes, args.load,
-                        arms=arms, stock_pdl=stock_pdl, tuned=tuned, limits=limits))
+                        arms=arms, stock_pdl=stock_pdl, tuned=tuned, limits=limits, first=i,
+                        poisson_rate=done[0].get("poisson_rate_per_s") if done else None))
         results = merge_rounds(done)
         results.update(model=args.model, dtype=args.dtype, limits=limits, quick=args.quick, rounds_asked=args.rounds,
                        commitment={c: {"file": f, "sha256": tuples[f].sha256()} for c, f in tuned.items()} or None)
