@@ -25,6 +25,7 @@ def test_quick_bench_runs_every_arm_and_case(tmp_path, capsys):
         assert data["cases"]["decode-1"][arm]["ms_per_step"] > 0
         p = data["cases"]["poisson"][arm]
         assert 0 < p["p50_ms"] <= p["p90_ms"] <= p["p99_ms"]
+        assert p["steps"] > 0 and 0 < p["step_median_ms"] <= p["step_max_ms"]  # a stall in the timed run shows
         assert data["cases"]["grpo"][arm]["tok_per_s"] > 0
     table = (tmp_path / "bench.md").read_text()
     assert table.count("| 1.00x |") >= len(cases)  # stock against itself
