@@ -285,9 +285,8 @@ def case_limits(cases: list[str], shapes: Shapes, max_num_tokens: dict[str, int]
 
 def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_factor: float,
         log: Callable[[str], None] = print, arms: tuple[str, ...] = ARMS,
-        stock_pdl: tuple[str, ...] = ("on", "off"), tuned: Optional[dict[str, str]] = None,
-        limits: Optional[dict[str, dict[str, int]]] = None, first: int = 0,
-        poisson_rate: Optional[float] = None) -> dict:
+        stock_pdl: tuple[str, ...] = ("on", "off"), tuned: Optional[dict[str, str]] = None, *,
+        limits: dict[str, dict[str, int]], first: int = 0, poisson_rate: Optional[float] = None) -> dict:
     """Every case in every arm; the results by case and arm.
 
     The stock arm runs once per `stock_pdl` setting of our kernels' programmatic dependent launch
@@ -296,7 +295,7 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
     default). Each stock run's result stays in `results["stock_runs"]`. `tuned` maps a case to the
     tuple file the arm `tuned` runs it with, one model a file; a case it does not map has no tuned run.
     `limits` maps a case to its deployment (`case_limits`): an arm loads one model per distinct
-    deployment of its cases (`load(arm, file, limits)`); without it every case shares one (`load(arm)`).
+    deployment of its cases (`load(arm, file, limits)`).
 
     The runs go in arm order from the `first`-th (stock's first: 0), so that rounds can each start at
     another arm: whatever a process's first run of a kernel meets (a compile, a cold cache) is not always
@@ -307,13 +306,11 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
     if poisson_rate is not None:
         results["poisson_rate_per_s"] = poisson_rate
 
-    def groups(arm_cases: list[str]) -> list[tuple[list[str], Optional[dict[str, int]]]]:
+    def groups(arm_cases: list[str]) -> list[tuple[list[str], dict[str, int]]]:
         """The cases by deployment, in their order."""
-        if not limits:
-            return [(arm_cases, None)]
         key = {c: tuple(sorted(limits[c].items())) for c in arm_cases}
         return [([c for c in arm_cases if key[c] == k], dict(k)) for k in dict.fromkeys(key.values())]
-    runs: list[tuple[str, str, list[str], Optional[str], Optional[dict[str, int]]]] = []
+    runs: list[tuple[str, str, list[str], Optional[str], dict[str, int]]] = []
     for arm in arms:
         if arm == "tuned":
             files = list(dict.fromkeys((tuned or {})[c] for c in cases if c in (tuned or {})))
@@ -325,7 +322,7 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
     runs = runs[first % len(runs):] + runs[:first % len(runs)]
     for arm, pdl, arm_cases, file, lim in runs:
         os.environ["DETENT_PDL"] = "1" if pdl == "on" else "0"  # read at each launch (and graph capture)
-        model = load(arm, file, lim) if lim is not None else load(arm, file) if file is not None else load(arm)
+        model = load(arm, file, lim)
         b = Bench(model, shapes)
         if "device" not in results:  # (the same weights in every arm)
             results["device"] = torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"
