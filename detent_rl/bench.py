@@ -61,6 +61,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from detent_rl.bench_report import merge_rounds, plot, render, time_vs_stock
+from detent_rl.kernels._triton import counting_compiles
 from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.kernels.matmul import launch_params, linear, stock_linear
 from detent_rl.models.layers import Linear
@@ -133,19 +134,19 @@ class Bench:
         return {"ms_per_step": 1e3 * sorted(times)[len(times) // 2]}
 
     def poisson(self, arrivals: list[float], trace: list[tuple[list[int], SamplingParams]]) -> dict:
-        """Serve the trace online, each request added at its arrival time; latency per output token. Two
-        warm-ups first: the trace all at once (every graph size captured), then served online once, untimed:
-        the online steps mix prefills and decodes into other token counts, whose kernel variants (Triton
-        specialises integer arguments: ==1, multiples of 16) would otherwise compile inside the timed run
-        (the H200, session 30: single eager steps of 0.3-0.75 s in an online run after the all-at-once one,
-        in whichever arm ran first)."""
+        """Serve the trace online, each request added at its arrival time; latency per output token. The
+        engine warms up first, as an online engine starts (`Engine.warmup`: every kernel variant its steps can
+        launch compiled, every decode graph captured; without it the timed run held 0.2-0.8 s compile stalls
+        in every arm, the H200, session 31), then serves the trace all at once, untimed. The timed serve
+        reports the Triton variants compiled inside it (`compiles`: 0 when the warm-up left nothing)."""
         longest = max(len(p) + sp.max_tokens for p, sp in trace)
         engine = self._engine(len(trace), longest, 64)
+        warm = engine.warmup(tuple(sorted({sp.temperature if sp.temperature > 0 else 1.0 for _, sp in trace})))
         self._run(engine, [p for p, _ in trace], [sp for _, sp in trace])
         engine.flush_cache()
-        self._serve(engine, arrivals, trace)
-        engine.flush_cache()
-        return self._serve(engine, arrivals, trace)
+        with counting_compiles() as compiled:
+            out = self._serve(engine, arrivals, trace)
+        return {**out, "compiles": len(compiled), "warmup_s": warm["seconds"]}
 
     def _serve(self, engine: Engine, arrivals: list[float], trace: list[tuple[list[int], SamplingParams]]) -> dict:
         order = sorted(range(len(trace)), key=lambda i: arrivals[i])

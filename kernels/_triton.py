@@ -6,8 +6,9 @@ Dispatch is by device: CUDA tensors go to the Triton kernel, CPU tensors to the 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from types import SimpleNamespace
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -138,6 +139,30 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     # No launch metadata and no hooks (both chains are empty): the launcher then skips them, as `run`'s would.
     compiled.run(grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, compiled.function,
                  compiled.packed_metadata, None, None, None, *bound.values())
+
+
+@contextmanager
+def counting_compiles() -> Iterator[list[str]]:
+    """While inside, the names of the Triton kernels compiled (one entry a variant: Triton's and Gluon's JIT,
+    through `JITFunction._do_compile`), in order: a benchmark's timed run and the engine's warm-up report them.
+    Where Triton is absent or compiles another way, nothing is counted."""
+    names: list[str] = []
+    try:
+        from triton.runtime.jit import JITFunction
+        real = JITFunction._do_compile
+    except (ImportError, AttributeError):
+        yield names
+        return
+
+    def counted(self, *args, **kwargs):
+        names.append(self.fn.__name__)
+        return real(self, *args, **kwargs)
+
+    JITFunction._do_compile = counted
+    try:
+        yield names
+    finally:
+        JITFunction._do_compile = real
 
 
 @triton.jit

@@ -87,6 +87,15 @@ class Engine:
             self.step()
         return seqs
 
+    def warmup(self, temperatures: tuple[float, ...] = (1.0,)) -> dict:
+        """Compile before the first request what serving would compile inside one: a synthetic step of every
+        class of steps the kernels tell apart, and every decode graph size at each of `temperatures`
+        (`rollout/warmup.py`). Needs an idle engine; flushes the prefix cache. {"steps", "graphs", "compiled",
+        "seconds"}."""
+        from detent_rl.rollout.warmup import warmup
+
+        return warmup(self, temperatures)
+
     def _check_request(self, prompt: list[int], params: SamplingParams, what: str) -> None:
         limit = self.model.max_positions
         if len(prompt) + params.max_tokens > limit:

@@ -26,6 +26,7 @@ def test_quick_bench_runs_every_arm_and_case(tmp_path, capsys):
         p = data["cases"]["poisson"][arm]
         assert 0 < p["p50_ms"] <= p["p90_ms"] <= p["p99_ms"]
         assert p["steps"] > 0 and 0 < p["step_median_ms"] <= p["step_max_ms"]  # a stall in the timed run shows
+        assert p["compiles"] == 0 and p["warmup_s"] > 0  # (the CPU compiles nothing; the GPU's count is the check)
         assert data["cases"]["grpo"][arm]["tok_per_s"] > 0
     table = (tmp_path / "bench.md").read_text()
     assert table.count("| 1.00x |") >= len(cases)  # stock against itself

@@ -1,0 +1,161 @@
+"""Engine warm-up: compile, before the first request, the kernel variants serving would compile inside one.
+
+Triton compiles a kernel variant the first time a launch needs it: one per set of constexprs (a selection's
+tile, split, ...) and per specialisation of the integer arguments (1, a multiple of 16, other). An engine
+serving online meets new variants as its steps' token counts, sequence counts and context lengths vary, and
+the step that meets one stalls while it compiles: 0.2-0.8 s each on the H200, one to four in a timed Poisson
+serve of 64 requests after two untimed ones, in every arm (docs/BENCHMARKS.md, session 31). Stock engines
+warm up at start for the same reason (vLLM and SGLang capture their decode graphs and run dummy prefills).
+
+`warmup` runs the engine's own step path (`Engine._step`: forward, LM head, sampler) over synthetic steps,
+one per class of steps the kernels tell apart, and captures every decode graph. A step's class is what its
+launches compile for: the attention selection of its shape (sequences, longest query, tokens, longest
+context), each pinned linear site's selection at its token count, and Triton's specialisation of the
+token and sampled-row counts and of the page table's width. Candidate steps sweep the token counts up to the
+step budget and the context lengths up to the deployment's in 64-position steps, each at a table width of
+each class; only a class not met before runs. With pinned
+selections that is a few dozen steps; the stock arm's attention selection reads the context length (its
+split size is a constexpr of our kernel), so it runs a few per 64 positions.
+
+The synthetic steps write keys into the cache's pages, which no request has yet (warm-up needs an idle
+engine and flushes the prefix cache after): a request's pages are written by that request before it reads
+them, so warm-up changes no request's bits (tests/test_engine_warmup.py).
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from detent_rl.kernels._triton import counting_compiles
+from detent_rl.kernels.matmul import launch_params
+from detent_rl.models.layers import Linear
+from detent_rl.rollout.scheduler import Span
+from detent_rl.rollout.sequence import SamplingParams, Sequence
+
+if TYPE_CHECKING:
+    from detent_rl.rollout.engine import Engine
+
+LENGTH_STEP = 64  # the context-length sweep's stride: the attention kernels' KV tile
+
+
+def _ints(n: int) -> tuple[bool, bool]:
+    """How Triton specialises an integer argument: equal to 1, divisible by 16."""
+    return n == 1, n % 16 == 0
+
+
+class _Plan:
+    """The classes of steps met so far, and how to tell a new one."""
+
+    def __init__(self, engine: "Engine") -> None:
+        model = engine.model
+        self.model = model
+        # the pinned linear sites (the stock arm's are cuBLAS: nothing to compile), the LM head apart: it runs on
+        # the sampled rows, not the step's tokens
+        self.linears = {}
+        for module in model.modules():
+            if isinstance(module, Linear) and not module._stock and module is not model.lm_head:
+                self.linears.setdefault(tuple(module.weight.shape), module._select)
+        self.head = None if model.lm_head._stock else model.lm_head._select
+        self.logprobs = engine._select_logprobs
+        self.page = model.page_size
+        self.seen: set = set()
+
+    def key(self, q_lens: list[int], cached: list[int], width: int) -> tuple:
+        tokens, rows = sum(q_lens), len(q_lens)
+        attention = self.model.select_attention(rows, max(q_lens), tokens, max(c + n for c, n in zip(cached, q_lens)))
+        linears = tuple(tuple(launch_params(select(tokens)).values()) for select in self.linears.values())
+        head = tuple(launch_params(self.head(rows)).values()) if self.head is not None else ()
+        # the page table's row stride (its widest row) is an integer argument of the attention kernel
+        return attention, _ints(tokens), _ints(rows), _ints(width), linears, head, self.logprobs(rows)
+
+    def new(self, q_lens: list[int], cached: list[int], width: int) -> bool:
+        key = self.key(q_lens, cached, width)
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+def table_widths(need: int, most: int) -> list[int]:
+    """Page-table widths (pages a row) to try for a step whose longest sequence needs `need` pages: a request's
+    table covers its whole sequence, not only the step's tokens, so its width may be any of Triton's classes
+    at or above `need` (one of each: `need`, a multiple of 16, another), within the `most` pages there are."""
+    out = [need]
+    if need % 16:
+        out.append(-(-need // 16) * 16)
+    if need == 1 or need % 16 == 0:
+        out.append(need + 1 if (need + 1) % 16 else need + 2)
+    return [w for w in out if w <= most]
+
+
+def candidate_steps(max_tokens: int, max_rows: int, max_len: int, chunk: int) -> list[tuple[list[int], list[int]]]:
+    """(query lengths, cached lengths) of the steps a warm-up may run, in order: prefills of every token count
+    up to the step budget in `chunk`-token sequences (chunked prefill's shape); `rows` two-token prefills for
+    every sampled-row count; and at every context length (a `LENGTH_STEP` stride) a two-token step, a chunk,
+    and a chunk beside a decode row, as an online step mixes them. Lengths within `max_len`."""
+    chunk = max(1, min(chunk, max_len))
+    out = []
+    for tokens in range(1, max_tokens + 1):
+        full, rest = divmod(tokens, chunk)
+        if full + (rest > 0) <= max_rows:
+            q = [chunk] * full + ([rest] if rest else [])
+            out.append((q, [0] * len(q)))
+    out += [([2] * rows, [0] * rows) for rows in range(1, min(max_rows, max_tokens // 2) + 1) if max_len >= 2]
+    for length in range(LENGTH_STEP, max_len + 1, LENGTH_STEP):
+        c = min(chunk, length)
+        out.append(([2], [length - 2]))
+        out.append(([c], [length - c]))
+        if max_rows >= 2 and c + 1 <= max_tokens:
+            out.append(([c, 1], [length - c, length - 1]))
+    return out
+
+
+def planned_steps(engine: "Engine") -> list[tuple[list[int], list[int], int]]:
+    """(query lengths, cached lengths, page-table width) of the steps `warmup` runs: the first candidate step
+    (`candidate_steps`, at each of `table_widths`) of every class."""
+    page = engine.model.page_size
+    # a request's table holds at most its deployment's context of pages, and the cache's
+    pages = min(len(engine.blocks.blocks), -(-engine.model.selections.deployment.max_context // page))
+    max_len = min(engine.model.max_positions - 1, pages * page)  # one position left for the sampled token
+    plan, out = _Plan(engine), []
+    for q_lens, cached in candidate_steps(engine.scheduler.max_num_tokens, engine.scheduler.max_num_seqs, max_len,
+                                          engine.scheduler.chunk_size):
+        for width in table_widths(max(-(-(c + n) // page) for c, n in zip(cached, q_lens)), pages):
+            if plan.new(q_lens, cached, width):
+                out.append((q_lens, cached, width))
+    return out
+
+
+def warmup(engine: "Engine", temperatures: tuple[float, ...] = (1.0,)) -> dict:
+    """Run one synthetic step of every step class (`planned_steps`) and capture every decode graph size at each
+    of `temperatures` (the graphs that sample: a request's temperature, greedy as 1.0). Needs an idle engine;
+    flushes its prefix cache. Returns {"steps", "graphs", "compiled" (Triton kernel variants), "seconds"}."""
+    if not engine.idle:
+        raise RuntimeError("warmup needs an idle engine: call it before the first request, or between generate calls")
+    t0 = time.perf_counter()
+    if engine.released:
+        engine._resume_memory()
+    model, page = engine.model, engine.model.page_size
+    vocab = model.config.vocab_size
+    steps = planned_steps(engine)
+    with torch.inference_mode(), counting_compiles() as compiled:
+        for q_lens, cached, width in steps:
+            spans = []
+            for i, (n, c) in enumerate(zip(q_lens, cached)):
+                seq = Sequence([(7 * i + j) % vocab for j in range(c + n)], SamplingParams(seed=i), page)
+                seq.block_table = list(range(width))  # every warm-up sequence shares these pages
+                spans.append(Span(seq, c, n, True))
+            engine._step(spans)
+        graphs = 0
+        if engine.graphs is not None and engine.graphs.capture:
+            for t in temperatures:
+                for b in engine.graphs.sizes:
+                    if (b, t) not in engine.graphs.graphs:
+                        engine.graphs._capture((b, t))
+                        graphs += 1
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+    engine.flush_cache()
+    return {"steps": len(steps), "graphs": graphs, "compiled": len(compiled), "seconds": time.perf_counter() - t0}

@@ -1,0 +1,131 @@
+"""The engine's warm-up (`rollout/warmup.py`): it changes no request's bits, runs one step per class of steps
+the kernels tell apart, and on the GPU leaves an online serve nothing to compile."""
+from __future__ import annotations
+
+import random
+import sys
+
+import pytest
+import torch
+
+from detent_rl.kernels._triton import counting_compiles
+from detent_rl.models import load_model
+from detent_rl.rollout import warmup as warmup_mod
+from detent_rl.rollout.engine import Engine
+from detent_rl.rollout.sequence import SamplingParams
+from test_models import LIMITS, VOCAB, hf_model, save
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    shared = [rng.randrange(VOCAB) for _ in range(48)]  # whole pages the prefix cache keeps
+    return [shared + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))] for _ in range(n)]
+
+
+def _params(n: int) -> list[SamplingParams]:
+    return [SamplingParams(seed=50 + i, temperature=1.0, max_tokens=5) for i in range(n)]
+
+
+def _outputs(seqs) -> list[tuple[list[int], list[float]]]:
+    return [(s.completion, s.logprobs) for s in seqs]
+
+
+def test_candidate_steps_cover_every_token_count_within_the_limits():
+    steps = warmup_mod.candidate_steps(max_tokens=300, max_rows=8, max_len=200, chunk=64)
+    prefills = {sum(q) for q, c in steps if not any(c)}
+    assert set(range(1, 300 + 1)) <= prefills
+    for q, c in steps:
+        assert len(q) <= 8 and sum(q) <= 300 and all(x + y <= 200 for x, y in zip(q, c)), (q, c)
+    lengths = {max(x + y for x, y in zip(q, c)) for q, c in steps if any(c)}
+    assert lengths == set(range(64, 200 + 1, 64))
+
+
+def _warmed_run(model, flush: bool, monkeypatch) -> list:
+    engine = Engine(model, num_blocks=64, chunk_size=32)
+    prompts, params = _prompts(3, seed=1), _params(3)
+    engine.generate(prompts, params)  # its prompts' whole pages now in the prefix cache
+    if not flush:  # the control: the warm-up's keys left under the cached prefixes
+        monkeypatch.setattr(engine, "flush_cache", lambda: None)
+    report = engine.warmup()
+    monkeypatch.undo()
+    assert report["steps"] > 0
+    return _outputs(engine.generate(prompts, params))
+
+
+def test_warmup_changes_no_requests_bits(tmp_path, monkeypatch):
+    model = load_model(save(hf_model("qwen2"), tmp_path), "detent", dtype=torch.float32, **LIMITS)
+    fresh = _outputs(Engine(model, num_blocks=64, chunk_size=32).generate(_prompts(3, seed=1), _params(3)))
+    assert _warmed_run(model, True, monkeypatch) == fresh
+    # negative control: without the flush a request reads the warm-up's keys where its cached prefix was
+    assert _warmed_run(model, False, monkeypatch) != fresh
+
+
+def test_warmup_runs_one_step_per_class(tmp_path):
+    path = save(hf_model("qwen2"), tmp_path)
+    lengths = {}
+    for arm in ("detent", "stock"):
+        engine = Engine(load_model(path, arm, dtype=torch.float32, **LIMITS), num_blocks=64, chunk_size=32)
+        plan, steps = warmup_mod._Plan(engine), warmup_mod.planned_steps(engine)
+        keys = [plan.key(q, c, w) for q, c, w in steps]
+        assert len(set(keys)) == len(keys) and engine.warmup()["steps"] == len(steps) and engine.idle
+        # sampled-row counts and table widths of each of Triton's integer classes (1, a multiple of 16, other)
+        classes = {(True, False), (False, True), (False, False)}
+        assert {(len(q) == 1, len(q) % 16 == 0) for q, _, _ in steps} == classes
+        assert {(w == 1, w % 16 == 0) for _, _, w in steps} == classes
+        # the two-token steps at every swept context length: how many classes they fall in
+        lengths[arm] = len({plan.key(q, c, 4) for q, c in warmup_mod.candidate_steps(64, 16, 255, 32)
+                            if q == [2] and any(c)})
+    # the stock arm's attention selection reads the context length (its split size), the pinned one's does not
+    assert lengths["detent"] == 1 and lengths["stock"] > 1
+
+
+def test_warmup_refuses_a_busy_engine(tmp_path):
+    engine = Engine(load_model(save(hf_model("qwen2"), tmp_path), "detent", dtype=torch.float32, **LIMITS),
+                    num_blocks=64)
+    engine.add([1, 2, 3], SamplingParams(seed=1))
+    with pytest.raises(RuntimeError, match="idle engine"):
+        engine.warmup()
+
+
+def _forget_compiled() -> None:
+    """Drop every compiled variant of our kernels from Triton's in-process caches (the disk cache makes the
+    next compile a load, which still counts)."""
+    from triton.runtime.jit import JITFunction
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("detent_rl.kernels"):
+            for value in vars(module).values():
+                if isinstance(value, JITFunction):
+                    value.device_caches.clear()
+
+
+def _serve_online(engine: Engine) -> None:
+    """Requests of varied lengths added while others run, as online serving mixes them."""
+    rng = random.Random(5)
+    pending = [([rng.randrange(VOCAB) for _ in range(rng.randint(1, 120))],
+                SamplingParams(seed=i, temperature=1.0, max_tokens=rng.randint(1, 40))) for i in range(24)]
+    while pending or not engine.idle:
+        for _ in range(rng.randint(0, 3)):
+            if pending:
+                engine.add(*pending.pop())
+        if not engine.idle:
+            engine.step()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arm,dtype", [("detent", torch.bfloat16), ("stock", torch.bfloat16),
+                                       ("detent", torch.float32)], ids=["detent-bf16", "stock-bf16", "detent-fp32"])
+def test_gpu_warmup_leaves_an_online_serve_nothing_to_compile(tmp_path, arm, dtype):
+    model = load_model(save(hf_model("qwen2"), tmp_path), arm, device="cuda", dtype=dtype, **LIMITS)
+    _forget_compiled()
+    engine = Engine(model, num_blocks=64, chunk_size=64)
+    report = engine.warmup()
+    assert report["compiled"] > 0 and report["graphs"] == len(engine.graphs.sizes)
+    with counting_compiles() as compiled:
+        _serve_online(engine)
+    assert compiled == []
+    # negative control: the same serve on a cold engine compiles inside its steps
+    _forget_compiled()
+    with counting_compiles() as compiled:
+        _serve_online(Engine(model, num_blocks=64, chunk_size=64))
+    assert compiled
