@@ -98,6 +98,9 @@ class RolloutSection:
     chunk_size: int = 256  # chunked-prefill tokens per step
     num_blocks: Optional[int] = None  # KV-cache blocks; None: sized from free memory
     cuda_graphs: Literal["auto", "on", "off"] = "auto"  # decode graphs; auto: on on the GPU (every arm)
+    # compile every kernel variant a step can launch and capture every decode graph when the engine starts
+    # (`Engine.warmup`), so that no rollout step stalls on a compile; auto: on on the GPU (the CPU compiles nothing)
+    warmup: Literal["auto", "on", "off"] = "auto"
     num_engines: int = 1  # engine replicas (data parallel): each prompt's group on one, dealt round-robin
     release_memory: bool = False  # colocated: the engines' KV cache freed during updates (graphs recaptured)
     tp_size: Optional[int] = None  # tensor-parallel ranks of each engine; null: model.tp_size

@@ -30,6 +30,7 @@ import torch
 from detent_rl.config import RolloutSection, TrainSection
 from detent_rl.ipc import CudaIpcTensors, device_uuid
 from detent_rl.kernels.commitment import CommitmentTuple
+from detent_rl.kernels.sampling import unfiltered
 from detent_rl.models import load_model
 from detent_rl.models.model import CausalLM
 from detent_rl.models.config import ModelConfig
@@ -191,6 +192,13 @@ class RolloutWorker:
         graphs = {"auto": None, "on": True, "off": False}[rollout.cuda_graphs]
         self.engine = Engine(self.model, num_blocks=blocks, max_num_seqs=num_seqs, chunk_size=rollout.chunk_size,
                              cuda_graphs=graphs)
+        self.warmup: dict | None = None  # `Engine.warmup`'s report, where it ran
+        if rollout.warmup == "on" or (rollout.warmup == "auto" and self.model.device.type == "cuda"):
+            # the decode graphs that sample at the rollout's temperature and the greedy evaluation's (T = 1);
+            # filtered rows (top-k, top-p) take the graphs that return logits
+            filtered = not unfiltered(rollout.temperature, rollout.top_k, rollout.top_p)
+            temps = {rollout.temperature if rollout.temperature > 0 else 1.0, 1.0}
+            self.warmup = self.engine.warmup(tuple(sorted(temps)) + ((None,) if filtered else ()))
 
     def generate(self, request: GenerateRequest) -> list[Completion]:
         seqs = self.engine.generate(request.prompts, request.params)

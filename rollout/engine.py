@@ -87,7 +87,7 @@ class Engine:
             self.step()
         return seqs
 
-    def warmup(self, temperatures: tuple[float, ...] = (1.0,)) -> dict:
+    def warmup(self, temperatures: tuple[float | None, ...] = (1.0,)) -> dict:
         """Compile before the first request what serving would compile inside one: a synthetic step of every
         class of steps the kernels tell apart, and every decode graph size at each of `temperatures`
         (`rollout/warmup.py`). Needs an idle engine; flushes the prefix cache. {"steps", "graphs", "compiled",

@@ -128,9 +128,10 @@ def planned_steps(engine: "Engine") -> list[tuple[list[int], list[int], int]]:
     return out
 
 
-def warmup(engine: "Engine", temperatures: tuple[float, ...] = (1.0,)) -> dict:
+def warmup(engine: "Engine", temperatures: tuple[float | None, ...] = (1.0,)) -> dict:
     """Run one synthetic step of every step class (`planned_steps`) and capture every decode graph size at each
-    of `temperatures` (the graphs that sample: a request's temperature, greedy as 1.0). Needs an idle engine;
+    of `temperatures` (the graphs that sample: a request's temperature, greedy as 1.0; None: the graphs that
+    return logits, which rows with top-k or top-p filtering take). Needs an idle engine;
     flushes its prefix cache. Returns {"steps", "graphs", "compiled" (Triton kernel variants), "seconds"}."""
     if not engine.idle:
         raise RuntimeError("warmup needs an idle engine: call it before the first request, or between generate calls")

@@ -79,6 +79,21 @@ def test_warmup_runs_one_step_per_class(tmp_path):
     assert lengths["detent"] == 1 and lengths["stock"] > 1
 
 
+def test_the_rollout_section_warms_the_engine_up_where_asked(tmp_path):
+    from detent_rl.config import RolloutSection
+    from detent_rl.workers import GenerateRequest, ModelSpec, RolloutWorker
+
+    spec = ModelSpec(str(save(hf_model("qwen2"), tmp_path)), "detent", "cpu", "float32", max_context=128,
+                     max_batch=16, max_num_tokens=128)
+    request = GenerateRequest(_prompts(4, seed=2), _params(4))
+    outs = {}
+    for warm in ("auto", "on", "off"):
+        worker = RolloutWorker(spec, RolloutSection(max_num_seqs=16, cuda_graphs="off", warmup=warm, top_k=20))
+        assert (worker.warmup is not None) == (warm == "on")  # auto: the GPU only (the CPU compiles nothing)
+        outs[warm] = [(c.tokens, c.logprobs) for c in worker.generate(request)]
+    assert outs["on"] == outs["off"] == outs["auto"]
+
+
 def test_warmup_refuses_a_busy_engine(tmp_path):
     engine = Engine(load_model(save(hf_model("qwen2"), tmp_path), "detent", dtype=torch.float32, **LIMITS),
                     num_blocks=64)
