@@ -32,7 +32,7 @@ from collections import defaultdict
 
 import torch
 
-from detent_rl.bench import decode_step_seconds, phase_seconds, prefilled
+from detent_rl.bench_cases import decode_step_seconds, phase_seconds, prefilled
 from detent_rl.kernels import autograd
 from detent_rl.kernels.attention import paged_attention
 from detent_rl.kernels.commitment import CommitmentTuple

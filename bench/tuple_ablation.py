@@ -23,7 +23,7 @@ import statistics
 
 import torch
 
-from detent_rl.bench import Bench, Shapes
+from detent_rl.bench_cases import Bench, Shapes
 from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.models import load_model
 from detent_rl.models.builtin import NAMES, builtin_checkpoint

@@ -12,7 +12,8 @@ is an arm's time over stock's in this run. Cases:
   roofline: the weights' bytes over the copy bandwidth measured in this run, over the step.
 - `poisson`: a seeded trace of requests (prompts 64-512 tokens, outputs 32-256, T = 1) arriving as a
   Poisson process at `--load` x stock's offline rate (the trace run all at once, as the paper sets its
-  loads); a request's latency per output token = (finish - arrival) / its output tokens: p50/p90/p99.
+  loads); a request's latency per output token = (finish - arrival) / its output tokens: p50/p90/p99. The
+  engine warms up first (`Engine.warmup`), and the Triton variants compiled inside the timed serve are reported.
 - `grpo`: the GRPO-shaped batch, 32 prompts x 8 samples, 200-token prompts, 256 new tokens, T = 1:
   output tokens per second; and its phases: the time until every sequence has its first token (the
   prefill), then ms per decode step.
@@ -42,7 +43,8 @@ first at stock) and serving the first round's Poisson arrivals; each ratio is th
 rounds' paired ratios (an arm over the same round's stock run), which a drift of the machine between
 rounds does not bias (`detent_rl/bench_report.py`).
 
-Writes `bench.md` (the tables), `bench.json` and `bench.png` (time over stock per case) to --out.
+The cases themselves are `detent_rl/bench_cases.py`'s. Writes `bench.md` (the tables), `bench.json` and
+`bench.png` (time over stock per case) to --out.
 `--quick` shrinks every case (a smoke test, e.g. on the CPU with `--model tiny`).
 """
 from __future__ import annotations
@@ -50,226 +52,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import statistics
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
 
+from detent_rl.bench_cases import QUICK, Bench, Shapes, copy_bandwidth, poisson_arrivals, trace_of, weight_bytes
 from detent_rl.bench_report import merge_rounds, plot, render, time_vs_stock
-from detent_rl.kernels._triton import counting_compiles
 from detent_rl.kernels.commitment import CommitmentTuple
-from detent_rl.kernels.matmul import launch_params, linear, stock_linear
-from detent_rl.models.layers import Linear
 from detent_rl.models.model import CausalLM
-from detent_rl.rollout.engine import Engine
-from detent_rl.rollout.sequence import SamplingParams
-from detent_rl.timing import cold_copies, graph_seconds, median_seconds, sync
 
 ARMS = ("stock", "detent", "det", "corun")
 CASES = ("decode-1", "decode-32", "poisson", "grpo", "long", "gemm")
-GEMM_MS = (1, 8, 32, 128, 256, 512, 2048, 8192)  # 256: the GRPO batch's decode
-
-
-@dataclass(frozen=True)
-class Shapes:
-    decode_prompt: int = 128
-    decode_new: int = 128
-    poisson_requests: int = 64
-    poisson_prompt: tuple[int, int] = (64, 512)
-    poisson_new: tuple[int, int] = (32, 256)
-    grpo: tuple[int, int, int, int] = (32, 8, 200, 256)  # prompts, samples, prompt tokens, new tokens
-    long: tuple[int, int, int] = (2, 12000, 64)  # batch, prompt tokens, new tokens
-    repeats: int = 3
-
-
-QUICK = Shapes(decode_prompt=16, decode_new=6, poisson_requests=6, poisson_prompt=(4, 24), poisson_new=(2, 6),
-               grpo=(2, 2, 12, 6), long=(2, 96, 4), repeats=1)
-
-
-def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (n, length), generator=g).tolist()
-
-
-def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
-    """Bytes per second a device-to-device copy moves (read + write), the HBM roofline's bandwidth."""
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
-    dst = torch.empty_like(src)
-    seconds = median_seconds(lambda: dst.copy_(src), device, 5)
-    return 2 * nbytes / seconds
-
-
-def weight_bytes(model: CausalLM) -> int:
-    """Bytes a decode step reads at least once: every parameter (a tied matrix once)."""
-    seen = {}
-    for p in model.parameters():
-        seen[p.data_ptr()] = p.numel() * p.element_size()
-    return sum(seen.values())
-
-
-class Bench:
-    def __init__(self, model: CausalLM, shapes: Shapes) -> None:
-        self.model, self.shapes, self.vocab = model, shapes, model.config.vocab_size
-        self.device = model.device
-
-    def _engine(self, sequences: int, tokens: int, batch: int) -> Engine:
-        return Engine.for_requests(self.model, sequences, tokens, min(batch, self.model.selections.deployment.max_batch))
-
-    def _run(self, engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> list:
-        engine.flush_cache()  # every run prefills its prompts
-        return engine.generate(prompts, params)
-
-    def decode(self, batch: int, prompt: int, new: int) -> dict:
-        """ms per decode step at `batch`: the steps after every request's first token, timed alone
-        (median of the repeats)."""
-        prompts = _prompts(batch, prompt, self.vocab, seed=batch)
-        engine = self._engine(batch, prompt + new, batch)
-        params = [SamplingParams(seed=i, temperature=0.0, max_tokens=new) for i in range(batch)]
-        times = [decode_step_seconds(engine, prompts, params) for _ in range(self.shapes.repeats + 1)][1:]
-        return {"ms_per_step": 1e3 * sorted(times)[len(times) // 2]}
-
-    def poisson(self, arrivals: list[float], trace: list[tuple[list[int], SamplingParams]]) -> dict:
-        """Serve the trace online, each request added at its arrival time; latency per output token. The
-        engine warms up first, as an online engine starts (`Engine.warmup`: every kernel variant its steps can
-        launch compiled, every decode graph captured; without it the timed run held 0.2-0.8 s compile stalls
-        in every arm, the H200, session 31), then serves the trace all at once, untimed. The timed serve
-        reports the Triton variants compiled inside it (`compiles`: 0 when the warm-up left nothing)."""
-        longest = max(len(p) + sp.max_tokens for p, sp in trace)
-        engine = self._engine(len(trace), longest, 64)
-        warm = engine.warmup(tuple(sorted({sp.temperature if sp.temperature > 0 else 1.0 for _, sp in trace})))
-        self._run(engine, [p for p, _ in trace], [sp for _, sp in trace])
-        engine.flush_cache()
-        with counting_compiles() as compiled:
-            out = self._serve(engine, arrivals, trace)
-        return {**out, "compiles": len(compiled), "warmup_s": warm["seconds"]}
-
-    def _serve(self, engine: Engine, arrivals: list[float], trace: list[tuple[list[int], SamplingParams]]) -> dict:
-        order = sorted(range(len(trace)), key=lambda i: arrivals[i])
-        seqs, finished, at, steps = {}, {}, 0, []
-        t0 = time.perf_counter()
-        while at < len(order) or not engine.idle:
-            now = time.perf_counter() - t0
-            while at < len(order) and arrivals[order[at]] <= now:
-                i = order[at]
-                seqs[engine.add(*trace[i]).seq_id] = i
-                at += 1
-            if engine.idle:
-                time.sleep(max(0.0, arrivals[order[at]] - now))
-                continue
-            t_step = time.perf_counter()
-            for s in engine.step():
-                finished[seqs[s.seq_id]] = (time.perf_counter() - t0, len(s.completion))
-            steps.append(time.perf_counter() - t_step)
-        per_token = sorted((end - arrivals[i]) / n for i, (end, n) in finished.items())
-        pick = lambda q: 1e3 * per_token[min(len(per_token) - 1, int(q * len(per_token)))]  # noqa: E731
-        # the host's time in each step call: a compile or another stall inside the timed run shows as the slowest
-        return {"p50_ms": pick(0.5), "p90_ms": pick(0.9), "p99_ms": pick(0.99),
-                "wall_s": max(end for end, _ in finished.values()), "steps": len(steps),
-                "step_median_ms": 1e3 * statistics.median(steps), "step_max_ms": 1e3 * max(steps)}
-
-    def offline(self, trace: list[tuple[list[int], SamplingParams]]) -> float:
-        """Seconds to serve the whole trace submitted at once."""
-        longest = max(len(p) + sp.max_tokens for p, sp in trace)
-        engine = self._engine(len(trace), longest, 64)
-        return median_seconds(lambda: self._run(engine, [p for p, _ in trace], [sp for _, sp in trace]),
-                            self.device, 1)
-
-    def grpo(self, prompts: int, samples: int, prompt: int, new: int) -> dict:
-        """Output tokens per second over the whole batch; and its two phases (the medians of the timed
-        runs): until every sequence has its first token (the prefill), then ms per decode step."""
-        group = _prompts(prompts, prompt, self.vocab, seed=7)
-        batch = [p for p in group for _ in range(samples)]
-        params = [SamplingParams(seed=i, temperature=1.0, max_tokens=new) for i in range(len(batch))]
-        engine = self._engine(len(batch), prompt + new, len(batch))  # the whole group batch at once
-        phases: list[tuple[float, float]] = []
-
-        seconds = median_seconds(lambda: phases.append(phase_seconds(engine, batch, params)), self.device,
-                                 self.shapes.repeats)
-        timed = phases[1:]  # not the warm-up's
-        return {"tok_per_s": len(batch) * new / seconds, "wall_s": seconds,
-                "prefill_s": statistics.median(p for p, _ in timed),
-                "decode_ms_per_step": 1e3 * statistics.median(d for _, d in timed)}
-
-    def gemm(self) -> list[dict]:
-        """Each linear site against cuBLAS: CUDA-graph replays, µs per call (CUDA only). Our kernel is timed
-        with its programmatic dependent launch off (`ratio`: the kernel alone, as cuBLAS runs) and on
-        (`ratio_pdl`): replays of one GEMM overlap their neighbours under PDL, which a step never does (its
-        GEMMs follow other kernels), and which helps a small launch and slows a persistent one."""
-        bench = lambda fn: graph_seconds(fn) * 1e6  # noqa: E731
-        held = os.environ.get("DETENT_PDL")
-        sel = self.model.selections
-        rows, seen = [], set()
-        limit = sel.deployment.max_num_tokens
-        for module in self.model.modules():
-            if not isinstance(module, Linear) or tuple(module.weight.shape) in seen:
-                continue
-            seen.add(tuple(module.weight.shape))
-            n, k = module.weight.shape
-            w = cold_copies(module.weight)  # read from HBM at every call, as in a step
-            selector = sel.get("matmul", n=n, k=k)
-            for m in (m for m in GEMM_MS if m <= limit):
-                x = torch.randn(m, k, device=module.weight.device).to(module.weight.dtype)
-                cublas = bench(lambda: stock_linear(x, w()))
-                ours = {}
-                for flag in ("0", "1"):
-                    os.environ["DETENT_PDL"] = flag  # read at each launch (and graph capture)
-                    ours[flag] = bench(lambda: linear(x, w(), None, **launch_params(selector(m))))
-                rows.append({"site": f"{k}->{n}", "m": m, "cublas_us": cublas, "ratio": ours["0"] / cublas,
-                             "ratio_pdl": ours["1"] / cublas, "chunk": selector(m).chunk})
-        if held is None:
-            os.environ.pop("DETENT_PDL", None)
-        else:
-            os.environ["DETENT_PDL"] = held
-        return rows
-
-
-def prefilled(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> None:
-    """Add the requests to a flushed cache and step until every one has its first token (the prefill
-    done): what follows is decode steps alone."""
-    engine.flush_cache()
-    seqs = [engine.add(p, sp) for p, sp in zip(prompts, params)]
-    while not engine.idle and any(not s.completion for s in seqs):
-        engine.step()
-    sync(engine.model.device)
-
-
-def phase_seconds(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[float, float]:
-    """(seconds until every request has its first token, seconds per engine step after that): what
-    generate() does, with one sync where the prefill ends."""
-    t0 = time.perf_counter()
-    prefilled(engine, prompts, params)
-    t1, steps = time.perf_counter(), 0
-    while not engine.idle:
-        engine.step()
-        steps += 1
-    sync(engine.model.device)
-    return t1 - t0, (time.perf_counter() - t1) / max(steps, 1)
-
-
-def decode_step_seconds(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> float:
-    """Seconds per engine step once every request has its first token (the prefill steps left out)."""
-    return phase_seconds(engine, prompts, params)[1]
-
-
-def trace_of(shapes: Shapes, vocab: int) -> list[tuple[list[int], SamplingParams]]:
-    rng = random.Random(11)
-    return [([rng.randrange(vocab) for _ in range(rng.randint(*shapes.poisson_prompt))],
-             SamplingParams(seed=100 + i, temperature=1.0, max_tokens=rng.randint(*shapes.poisson_new)))
-            for i in range(shapes.poisson_requests)]
-
-
-def poisson_arrivals(n: int, rate: float, seed: int = 3) -> list[float]:
-    rng = random.Random(seed)
-    t, out = 0.0, []
-    for _ in range(n):
-        t += rng.expovariate(rate)
-        out.append(t)
-    return out
 
 
 def case_limits(cases: list[str], shapes: Shapes, max_num_tokens: dict[str, int]) -> dict[str, dict[str, int]]:

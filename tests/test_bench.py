@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from detent_rl.bench import ARMS, CASES, main, poisson_arrivals
+from detent_rl.bench import ARMS, CASES, main
+from detent_rl.bench_cases import poisson_arrivals
 
 
 def test_quick_bench_runs_every_arm_and_case(tmp_path, capsys):
@@ -114,7 +115,7 @@ def test_each_case_takes_its_own_tuple_and_a_bad_one_is_refused_before_any_arm_r
     other case; a case not in the run, or a tuple of another deployment, is refused before anything runs."""
     import torch
 
-    from detent_rl.bench import QUICK
+    from detent_rl.bench_cases import QUICK
     from detent_rl.models import load_model
     from detent_rl.models.builtin import builtin_checkpoint
 
@@ -158,7 +159,8 @@ def test_the_long_case_runs_under_its_own_deployment_beside_the_short_cases_tupl
     malformed `--max-num-tokens`."""
     import torch
 
-    from detent_rl.bench import QUICK, case_limits
+    from detent_rl.bench import case_limits
+    from detent_rl.bench_cases import QUICK
     from detent_rl.models import load_model
     from detent_rl.models.builtin import builtin_checkpoint
 
