@@ -17,11 +17,12 @@ def test_a_run_over_two_tp_ranks_is_bit_equal_and_resumes_to_the_same_bits(tmp_p
     each trainer rank's part broadcast to its engine rank (a sync group per TP rank) and checked there; a
     run resumed from its step-3 checkpoint (a state file per rank), syncing by host copies instead,
     repeats steps 4-6 exactly. A model whose heads do not divide, or a degree the all-reduce has no
-    tables for, is refused in one line before any worker starts."""
+    tables for, is refused in one line before any worker starts. The engine ranks warm up first
+    (`rollout.warmup: on`: the same synthetic steps on both, their all-reduces paired), changing no bit."""
     from test_train import _driver, _lines, _recipe, assert_resume_repeats
     tp = ("model.tp_size=2", "ray.num_cpus=4")
     whole = tmp_path / "whole"
-    _driver(_recipe(tmp_path, whole), *tp, "ray.weight_sync=collective")
+    _driver(_recipe(tmp_path, whole), *tp, "ray.weight_sync=collective", "rollout.warmup=on")  # warm-up: both ranks
     rows = _lines(whole, "metrics.jsonl")
     assert sorted(rows) == [1, 2, 3, 4, 5, 6]
     assert all(r["bit_match"] == 1.0 and r["kl_k1"] == 0.0 for r in rows.values()), rows
