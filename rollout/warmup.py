@@ -13,9 +13,9 @@ launches compile for: the attention selection of its shape (sequences, longest q
 context), each pinned linear site's selection at its token count, and Triton's specialisation of the
 token and sampled-row counts and of the page table's width. Candidate steps sweep the token counts up to the
 step budget and the context lengths up to the deployment's in 64-position steps, each at a table width of
-each class; only a class not met before runs. With pinned
-selections that is a few dozen steps; the stock arm's attention selection reads the context length (its
-split size is a constexpr of our kernel), so it runs a few per 64 positions.
+each class; only a class not met before runs. With pinned selections that is a few dozen steps; the stock
+arm's attention selection reads the context length (its split size is a constexpr of our kernel), so it runs
+a few per 64 positions.
 
 The synthetic steps write keys into the cache's pages, which no request has yet (warm-up needs an idle
 engine and flushes the prefix cache after): a request's pages are written by that request before it reads
@@ -33,6 +33,7 @@ from detent_rl.kernels.matmul import launch_params
 from detent_rl.models.layers import Linear
 from detent_rl.rollout.scheduler import Span
 from detent_rl.rollout.sequence import SamplingParams, Sequence
+from detent_rl.timing import sync
 
 if TYPE_CHECKING:
     from detent_rl.rollout.engine import Engine
@@ -59,7 +60,6 @@ class _Plan:
                 self.linears.setdefault(tuple(module.weight.shape), module._select)
         self.head = None if model.lm_head._stock else model.lm_head._select
         self.logprobs = engine._select_logprobs
-        self.page = model.page_size
         self.seen: set = set()
 
     def key(self, q_lens: list[int], cached: list[int], width: int) -> tuple:
@@ -131,8 +131,8 @@ def planned_steps(engine: "Engine") -> list[tuple[list[int], list[int], int]]:
 def warmup(engine: "Engine", temperatures: tuple[float | None, ...] = (1.0,)) -> dict:
     """Run one synthetic step of every step class (`planned_steps`) and capture every decode graph size at each
     of `temperatures` (the graphs that sample: a request's temperature, greedy as 1.0; None: the graphs that
-    return logits, which rows with top-k or top-p filtering take). Needs an idle engine;
-    flushes its prefix cache. Returns {"steps", "graphs", "compiled" (Triton kernel variants), "seconds"}."""
+    return logits, which rows with top-k or top-p filtering take). Needs an idle engine; flushes its prefix
+    cache. Returns {"steps", "graphs", "compiled" (Triton kernel variants), "seconds"}."""
     if not engine.idle:
         raise RuntimeError("warmup needs an idle engine: call it before the first request, or between generate calls")
     t0 = time.perf_counter()
@@ -156,7 +156,6 @@ def warmup(engine: "Engine", temperatures: tuple[float | None, ...] = (1.0,)) ->
                     if (b, t) not in engine.graphs.graphs:
                         engine.graphs._capture((b, t))
                         graphs += 1
-    if model.device.type == "cuda":
-        torch.cuda.synchronize(model.device)
+    sync(model.device)
     engine.flush_cache()
     return {"steps": len(steps), "graphs": graphs, "compiled": len(compiled), "seconds": time.perf_counter() - t0}
