@@ -141,6 +141,45 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
                  compiled.packed_metadata, None, None, None, *bound.values())
 
 
+def compiled_call(kernel, *args, **kwargs) -> Optional[tuple]:
+    """(compiled kernel, its launcher's bound arguments, device) that `launch(kernel, grid, *args, **kwargs)` runs
+    now, found by the same binder and key; None where `launch` would take Triton's own path (not compiled yet,
+    hooks, another Triton, the interpreter, DETENT_LAUNCH=triton). For callers that replay one call shape's launch
+    with only its tensors changed (`matmul_wgmma`)."""
+    parts = None if interpreting() else _fast_launch_parts()
+    if parts is None or kernel.pre_run_hooks or env("DETENT_LAUNCH") == "triton":
+        return None
+    driver, cache_key, knobs, compiled_type = parts
+    if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
+        return None
+    device = driver.active.get_current_device()
+    kernel_cache, key_cache, _, _, binder = kernel.device_caches[device]
+    options = dict(kwargs, debug=kwargs.get("debug", kernel.debug) or knobs.runtime.debug,
+                   instrumentation_mode=knobs.compilation.instrumentation_mode)
+    bound, specialization, options = binder(*args, **options)
+    compiled = kernel_cache.get(cache_key(key_cache, specialization, options))
+    if type(compiled) is not compiled_type:
+        return None
+    return compiled, list(bound.values()), device
+
+
+def replay_ok() -> bool:
+    """Whether a call recorded by `compiled_call` may be replayed now: the same conditions as `launch`'s own path
+    (launch hooks added since, DETENT_LAUNCH=triton)."""
+    parts = _fast_launch_parts()
+    if parts is None or env("DETENT_LAUNCH") == "triton":
+        return False
+    knobs = parts[2]
+    return not (_hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook))
+
+
+def current_stream(device: int):
+    """The driver's current stream (what `launch` passes the launcher), or None where the current device is no
+    longer `device`."""
+    active = _fast_launch_parts()[0].active
+    return active.get_current_stream(device) if active.get_current_device() == device else None
+
+
 @contextmanager
 def counting_compiles() -> Iterator[list[str]]:
     """While inside, the names of the Triton kernels compiled (one entry a variant: Triton's and Gluon's JIT,

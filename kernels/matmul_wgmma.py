@@ -307,63 +307,205 @@ def linear_wgmma(x: Any, w: Any, bias: Any = None, *, chunk: int, block_k: int =
     under the next one's MMAs (`programs`, where positive, caps the programs instead: tests). `split` is the
     partition's parallel form (where K is cut): each (tile, chunk) a unit whose fp32 sum goes to a workspace,
     the sums then added in chunk order by `matmul.combine_splits`, as `linear(parallel=True)` does. The
-    tiles' arithmetic is unchanged."""
-    import torch
-    import triton
+    tiles' arithmetic is unchanged.
 
-    from detent_rl.kernels._triton import launch
+    A call shape's launch is planned once (`_Plan`: tiles, ring, grid, the compiled kernel and its launcher's
+    arguments) and replayed with only the tensors' addresses changed: the weights' TMA descriptors are encoded
+    once, the activations' straight into the launcher's arguments (docs/BENCHMARKS.md, session 32: ~130 µs of
+    host time a call before, against ~20 for cuBLAS)."""
+    import torch
 
     M, K = x.shape
     N = w.shape[0]
-    assert chunk % block_k == 0, f"chunk {chunk} must be whole BLOCK_K {block_k} blocks"
-    chunk = min(chunk, -(-K // block_k) * block_k)
-    splits = triton.cdiv(K, chunk) if split else 1
-    assert splits == 1 or not swap_ab, "the parallel form stores whole tiles: no swapped tiles"
-    assert splits == 1 or (N * 4) % 16 == 0, "the workspace's fp32 rows must be 16-byte aligned for TMA"
-    assert tile_fits(block_m, block_n, chunk < K and splits == 1, swap_ab), \
-        f"no warpgroup tile {block_m} x {block_n} (chunk {chunk}, K {K}, swap_ab {swap_ab}, split {split})"
-    stage = (block_m + block_n) * block_k * x.element_size()
-    # the swapped tile is stored from registers; a chunk's sum is stored in fp32
-    c_tile = 0 if swap_ab else block_m * block_n * (4 if splits > 1 else x.element_size())
-    # no deeper than a unit's K blocks and one (the kernel's refills reach into the next unit only)
-    unit_blocks = chunk // block_k if splits > 1 else -(-K // block_k)
-    num_buffers = min(num_buffers, (SMEM_BYTES - 1024 - c_tile) // stage, unit_blocks + 1)
-    assert num_buffers >= 2, "a slot for the MMA in flight and one loading"
+    # (the bias's 16-byte alignment too: Triton specialises a pointer argument on it)
+    key = (x.device, x.dtype, M, N, K, x.stride(0), w.stride(0), None if bias is None else bias.data_ptr() % 16,
+           chunk, block_k, group_m, num_buffers, pdl, block_m, block_n, swap_ab, persistent, programs, split)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:  # a long online run meets many token counts: start over, never grow unbounded
+            _PLANS.clear()
+        plan = _PLANS[key] = _Plan(x, w, bias, chunk, block_k, group_m, num_buffers, pdl, block_m, block_n, swap_ab,
+                                   persistent, programs, split)
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0:
         return out
-    dt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
-
-    def desc(t: Any, rows: int, cols: int, dtype: Any = dt) -> Any:
-        return TensorDescriptor.from_tensor(t, [rows, cols], _smem_layout(rows, cols, dtype))
-
-    x_desc, w_desc = desc(x, block_m, block_k), desc(w, block_n, block_k)
-    a_desc, b_desc = (w_desc, x_desc) if swap_ab else (x_desc, w_desc)
-    rows_a, rows_b = (N, M) if swap_ab else (M, N)
-    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-    ws_rows, ws = 0, None
-    if splits > 1:  # each chunk's slice whole tiles tall, so that no tile's store reaches the next slice
-        ws_rows = triton.cdiv(M, block_m) * block_m
-        ws = torch.empty((splits, ws_rows, N), dtype=torch.float32, device=x.device)
-        c_desc = desc(ws.view(splits * ws_rows, N), block_m, block_n, gl.float32)
-    else:
-        c_desc = b_desc if swap_ab else desc(out, block_m, block_n)  # (unused when swapped)
-    num_warps = (block_n if swap_ab else block_m) // 16
-    args = (a_desc, b_desc, c_desc, out, bias if bias is not None else out, rows_a, rows_b, out.stride(0), ws_rows)
-    meta = dict(HAS_BIAS=bias is not None and splits == 1, NUM_CHUNKS=1 if splits > 1 else triton.cdiv(K, chunk),
-                CHUNK_BLOCKS=chunk // block_k, GROUP_M=group_m, NUM_BUFFERS=num_buffers, SWAP=swap_ab, SPLITS=splits,
-                PDL=pdl, num_warps=num_warps)
-    if pdl:
-        meta["launch_pdl"] = True
-    grid = tiles * splits
-    if persistent:
-        key = (x.device, x.dtype, block_m, block_n, block_k, swap_ab) + tuple(meta.values())
-        if key not in _RESIDENT:
-            _RESIDENT[key] = _resident_ctas(_chunked_wgmma_kernel.warmup(*args, grid=(1,), **meta), num_warps)
-        grid = min(grid, programs or _num_sms(x.device) * _RESIDENT[key])
-    launch(_chunked_wgmma_kernel, (grid,), *args, **meta)
-    if splits > 1:
+    ws = torch.empty(plan.ws_shape, dtype=torch.float32, device=x.device) if plan.splits > 1 else None
+    if not plan.replay(x, w, bias, out, ws):
+        plan.launch(x, w, bias, out, ws)
+    if ws is not None:
         from detent_rl.kernels.matmul import combine_splits  # (matmul imports this module)
 
         combine_splits(ws, bias, out)
     return out
+
+
+_MAX_PLANS = 8192
+_PLANS: dict = {}  # call shape (`linear_wgmma`'s key) -> _Plan
+_WEIGHT_MAPS: dict = {}  # (address, shape, strides, TMA parameters) -> the encoded TMA descriptor
+
+
+class _Plan:
+    """One call shape of `linear_wgmma`: everything but the tensors' addresses. `launch` builds the TMA
+    descriptors and launches through `_triton.launch` (Triton compiles the variant on a first call); then, with
+    the variant compiled, it records the launcher's arguments, and `replay` runs later calls of the shape
+    straight into Triton's launcher with the tensors swapped in: the same compiled variant and the same
+    arguments Triton's own path would pass (its specialisation reads nothing the key does not fix: M, N, the
+    strides, the operands' 16-byte alignment, checked by `applies`, and torch's allocations'), so the same bits.
+    The weights' descriptors are encoded once (a descriptor is a pure function of the address, shape, strides
+    and TMA parameters it is keyed by); the activations' and the output's are encoded per call, as Triton's
+    launcher would."""
+
+    def __init__(self, x, w, bias, chunk, block_k, group_m, num_buffers, pdl, block_m, block_n, swap_ab, persistent,
+                 programs, split):
+        import triton
+
+        M, K = x.shape
+        N = w.shape[0]
+        assert chunk % block_k == 0, f"chunk {chunk} must be whole BLOCK_K {block_k} blocks"
+        chunk = min(chunk, -(-K // block_k) * block_k)
+        self.splits = splits = triton.cdiv(K, chunk) if split else 1
+        assert splits == 1 or not swap_ab, "the parallel form stores whole tiles: no swapped tiles"
+        assert splits == 1 or (N * 4) % 16 == 0, "the workspace's fp32 rows must be 16-byte aligned for TMA"
+        assert tile_fits(block_m, block_n, chunk < K and splits == 1, swap_ab), \
+            f"no warpgroup tile {block_m} x {block_n} (chunk {chunk}, K {K}, swap_ab {swap_ab}, split {split})"
+        stage = (block_m + block_n) * block_k * x.element_size()
+        # the swapped tile is stored from registers; a chunk's sum is stored in fp32
+        c_tile = 0 if swap_ab else block_m * block_n * (4 if splits > 1 else x.element_size())
+        # no deeper than a unit's K blocks and one (the kernel's refills reach into the next unit only)
+        unit_blocks = chunk // block_k if splits > 1 else -(-K // block_k)
+        num_buffers = min(num_buffers, (SMEM_BYTES - 1024 - c_tile) // stage, unit_blocks + 1)
+        assert num_buffers >= 2, "a slot for the MMA in flight and one loading"
+        self.ws_rows = triton.cdiv(M, block_m) * block_m if splits > 1 else 0  # whole tiles a chunk's slice
+        self.ws_shape = (splits, self.ws_rows, N)
+        self.blocks = (block_m, block_n, block_k)
+        self.swap_ab, self.persistent, self.programs = swap_ab, persistent, programs
+        tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
+        self.grid = tiles * splits
+        self.meta = dict(HAS_BIAS=bias is not None and splits == 1,
+                         NUM_CHUNKS=1 if splits > 1 else triton.cdiv(K, chunk), CHUNK_BLOCKS=chunk // block_k,
+                         GROUP_M=group_m, NUM_BUFFERS=num_buffers, SWAP=swap_ab, SPLITS=splits, PDL=pdl,
+                         num_warps=(block_n if swap_ab else block_m) // 16)
+        if pdl:
+            self.meta["launch_pdl"] = True
+        self.recorded = None  # (launcher, its fixed leading arguments, the argument template, device)
+
+    def _descriptors(self, x, w, out, ws):
+        import torch
+
+        block_m, block_n, block_k = self.blocks
+        dt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+
+        def desc(t: Any, rows: int, cols: int, dtype: Any = dt) -> Any:
+            return TensorDescriptor.from_tensor(t, [rows, cols], _smem_layout(rows, cols, dtype))
+
+        x_desc, w_desc = desc(x, block_m, block_k), desc(w, block_n, block_k)
+        a_desc, b_desc = (w_desc, x_desc) if self.swap_ab else (x_desc, w_desc)
+        if ws is not None:
+            c_desc = desc(ws.view(-1, ws.shape[2]), block_m, block_n, gl.float32)
+        else:
+            c_desc = b_desc if self.swap_ab else desc(out, block_m, block_n)  # (unused when swapped)
+        return a_desc, b_desc, c_desc
+
+    def _args(self, x, w, bias, out, ws):
+        a_desc, b_desc, c_desc = self._descriptors(x, w, out, ws)
+        M, N = (w.shape[0], x.shape[0]) if self.swap_ab else (x.shape[0], w.shape[0])
+        return (a_desc, b_desc, c_desc, out, bias if bias is not None else out, M, N, out.stride(0), self.ws_rows)
+
+    def launch(self, x, w, bias, out, ws) -> None:
+        from detent_rl.kernels._triton import compiled_call, launch
+
+        args = self._args(x, w, bias, out, ws)
+        grid = self.grid
+        if self.persistent:
+            key = (x.device, x.dtype, self.blocks, self.swap_ab) + tuple(self.meta.values())
+            if key not in _RESIDENT:
+                _RESIDENT[key] = _resident_ctas(_chunked_wgmma_kernel.warmup(*args, grid=(1,), **self.meta),
+                                                self.meta["num_warps"])
+            grid = self.grid = min(grid, self.programs or _num_sms(x.device) * _RESIDENT[key])
+        launch(_chunked_wgmma_kernel, (grid,), *args, **self.meta)
+        if self.recorded is None:
+            found = compiled_call(_chunked_wgmma_kernel, *args, **self.meta)
+            if found is not None:
+                self.recorded = self._record(*found, args, x, w, bias, out, ws)
+
+    def _record(self, compiled, bound, device, args, x, w, bias, out, ws) -> Any:
+        """The launcher and its arguments with each tensor's place marked, or None where the launcher is not the
+        one replayed here (descriptors not lowered to TMA, scratch memory)."""
+        run = compiled.run
+        inner = run.launch
+        cells = dict(zip(inner.__code__.co_freevars, (c.cell_contents for c in inner.__closure__ or ())))
+        raw, metas, indices = cells.get("launcher"), cells.get("tensordesc_meta"), cells.get("tensordesc_indices")
+        if (raw is None or not metas or None in metas or indices is None or run.global_scratch_size
+                or run.profile_scratch_size or getattr(run, "num_ctas", 1) != 1):
+            return None
+        from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
+        roles = {id(x): "x", id(w): "w", id(out): "out"}
+        if ws is not None:
+            roles[id(args[2].base)] = "ws"
+        template, k = [], 0
+        for i, value in enumerate(bound):
+            if i in indices:
+                meta = metas[k]
+                k += 1
+                if meta["fp4_padded"]:
+                    return None
+                tma = (meta["swizzle"], meta["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
+                       list(meta["block_size"]))
+                template.append(("map", roles[id(value.base)], tma, list(value.shape), list(value.strides),
+                                 1 if value.padding == "nan" else 0))
+            elif value is out:
+                template.append(("out",))
+            elif bias is not None and value is bias:
+                template.append(("bias",))
+            else:
+                template.append(("value", value))
+        head = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, compiled.packed_metadata)
+        return raw, head, template, device
+
+    def replay(self, x, w, bias, out, ws) -> bool:
+        """Launch through the recorded launcher (see the class); False where there is none to replay."""
+        from detent_rl.kernels._triton import current_stream, replay_ok
+
+        if self.recorded is None or not replay_ok():
+            return False
+        raw, (function, cooperative, launch_pdl, packed), template, device = self.recorded
+        stream = current_stream(device)
+        if stream is None:
+            return False
+        tensors = {"x": x, "w": w, "out": out, "ws": ws}
+        fill = _fill_tma()
+        final = [self.grid, 1, 1, stream, function, cooperative, launch_pdl, None, None, packed,
+                 None, None, None]
+        for entry in template:
+            kind = entry[0]
+            if kind == "map":
+                _, role, tma, shape, strides, padding = entry
+                t = tensors[role]
+                if role == "w":
+                    wkey = (t.data_ptr(), tuple(shape), tuple(strides), tma[0], tma[1], tma[2], tuple(tma[3]))
+                    cu_map = _WEIGHT_MAPS.get(wkey)
+                    if cu_map is None:
+                        if len(_WEIGHT_MAPS) >= _MAX_PLANS:
+                            _WEIGHT_MAPS.clear()
+                        cu_map = _WEIGHT_MAPS[wkey] = fill(t.data_ptr(), *tma, shape, strides, padding)
+                else:
+                    cu_map = fill(t.data_ptr(), *tma, shape, strides, padding)
+                final.append(cu_map)
+                final.extend(shape)
+                final.extend(strides)
+            elif kind == "out":
+                final.append(out)
+            elif kind == "bias":
+                final.append(bias)
+            else:
+                final.append(entry[1])
+        raw(*final)
+        return True
+
+
+@functools.lru_cache(maxsize=None)
+def _fill_tma() -> Any:
+    import triton
+
+    return triton.runtime.driver.active.utils.fill_tma_descriptor

@@ -191,3 +191,61 @@ def test_rank_partials_folded_in_order_are_the_one_gpu_linear(n, k):
         assert parts[0].dtype == torch.float32
         folded = ((parts[0] + parts[1]) + b.float()).to(torch.bfloat16)
         assert torch.equal(folded, one), (parallel, (folded != one).sum().item())
+
+
+# (n, k, bias, linear_wgmma's schedule): K whole, K cut (sequential), swapped, the parallel form, persistent
+REPLAYED = [(1152, 896, True, dict(chunk=896, block_m=64, block_n=64)),
+            (896, 4864, False, dict(chunk=640, block_m=128, block_n=128)),
+            (1536, 1536, False, dict(chunk=1536, block_m=32, block_n=128, swap_ab=True)),
+            (896, 4864, True, dict(chunk=640, block_m=128, block_n=128, split=True, persistent=True)),
+            (9728, 896, False, dict(chunk=896, block_m=64, block_n=128, persistent=True))]
+
+
+@pytest.mark.parametrize("n, k, bias, form", REPLAYED, ids=["whole", "cut", "swap", "split", "persistent"])
+def test_wgmma_replayed_launch_is_tritons_own(n, k, bias, form, monkeypatch):
+    """`linear_wgmma` plans a call shape once and replays later calls straight into Triton's launcher (the
+    weights' TMA descriptors encoded once): every output equals Triton's own launch path's (DETENT_LAUNCH=triton)
+    bit for bit, for new activations, another weight of the same shape, and inside a CUDA graph. Control: a
+    weight descriptor left stale (another weight's address) is seen."""
+    from detent_rl.kernels import matmul_wgmma as MW
+
+    if not MW.HAS_GLUON or not MW._is_sm90(torch.device("cuda")):
+        pytest.skip("the warpgroup kernel runs on sm_90")
+    x, w, b = _data(n, k, bias, torch.bfloat16, 300)
+    w2 = torch.roll(w, 1, 0).contiguous()  # same shape, another address
+    replays = []
+    real = MW._Plan.replay
+    monkeypatch.setattr(MW._Plan, "replay", lambda self, *a: replays.append(real(self, *a)) or replays[-1])
+
+    def run(xx, ww):
+        return MW.linear_wgmma(xx, ww, b, **form)
+
+    with monkeypatch.context() as m:
+        m.setenv("DETENT_LAUNCH", "triton")
+        own = {i: run(x[:m_], ww) for i, (m_, ww) in enumerate(((300, w), (37, w), (300, w2)))}
+    assert not any(replays), "Triton's own path was asked for: nothing replayed"
+    replays.clear()
+    for _ in range(2):  # the first call of a shape records (under Triton's own launch); later ones replay
+        got = {i: run(x[:m_].clone(), ww) for i, (m_, ww) in enumerate(((300, w), (37, w), (300, w2)))}
+        for i in own:
+            assert torch.equal(got[i], own[i]), f"case {i}: {(got[i] != own[i]).sum().item()} outputs differ"
+    assert replays.count(True) >= 3, f"replayed {replays}"
+    # inside a captured graph: new data in the static input is read at replay
+    static = x[:37].clone()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run(static, w)
+    static.copy_(x[100:137])
+    graph.replay()
+    torch.cuda.synchronize()
+    with monkeypatch.context() as m:
+        m.setenv("DETENT_LAUNCH", "triton")
+        assert torch.equal(captured, run(x[100:137], w))
+    # control: w2's descriptor pointed at w's memory must show
+    for key in list(MW._WEIGHT_MAPS):
+        if key[0] == w2.data_ptr():
+            MW._WEIGHT_MAPS[key] = MW._WEIGHT_MAPS[(w.data_ptr(),) + key[1:]]
+    stale = run(x[:300], w2)
+    MW._WEIGHT_MAPS.clear()
+    assert torch.equal(stale, own[0]) and not torch.equal(stale, own[2]), "control: a stale descriptor must show"
