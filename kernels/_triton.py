@@ -173,11 +173,100 @@ def replay_ok() -> bool:
     return not (_hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook))
 
 
-def current_stream(device: int):
-    """The driver's current stream (what `launch` passes the launcher), or None where the current device is no
-    longer `device`."""
-    active = _fast_launch_parts()[0].active
-    return active.get_current_stream(device) if active.get_current_device() == device else None
+_MAX_MAPS = 8192
+_TMA_MAPS: dict = {}  # (address, shape, strides, TMA parameters) -> an encoded TMA descriptor of a long-lived tensor
+
+
+class Recorded:
+    """One launch of a compiled Triton (or Gluon) kernel, recorded so that later launches of the same call shape run
+    straight into Triton's launcher with only the tensors swapped in: the compiled variant and the launcher's
+    arguments that Triton's own path would pass, so the same bits. The caller's key must fix everything the
+    kernel's specialisation reads (the integer arguments' values, the pointers' 16-byte alignment, the
+    descriptors' shapes and strides) and the grid. Each tensor argument, or the tensor behind a host TMA
+    descriptor, has a role (`roles`: id of the recorded call's object -> name); a later launch names its tensors
+    by role. The descriptors of the roles in `cached` (long-lived tensors: weights) are encoded once per address
+    (a descriptor is a pure function of the address, shape, strides and TMA parameters it is keyed by), the others
+    per launch, as Triton's launcher would encode them."""
+
+    __slots__ = ("raw", "head", "template", "device", "grid")
+
+    def __init__(self, raw, head, template, device, grid):
+        self.raw, self.head, self.template, self.device, self.grid = raw, head, template, device, grid
+
+    @classmethod
+    def of(cls, kernel, grid: tuple, args: tuple, kwargs: dict, roles: dict) -> Optional["Recorded"]:
+        """The record of `launch(kernel, grid, *args, **kwargs)` just made, or None where it cannot be replayed
+        (Triton's own path, a launcher with scratch memory or clusters, descriptors not lowered to TMA)."""
+        found = compiled_call(kernel, *args, **kwargs)
+        if found is None:
+            return None
+        compiled, bound, device = found
+        run = compiled.run
+        if run.global_scratch_size or run.profile_scratch_size or getattr(run, "num_ctas", 1) != 1:
+            return None
+        raw, metas, indices = run.launch, [], set()
+        if hasattr(raw, "__code__"):  # Triton's wrapper that encodes host TMA descriptors around the C launcher
+            cells = dict(zip(raw.__code__.co_freevars, (c.cell_contents for c in raw.__closure__ or ())))
+            raw, metas, indices = cells.get("launcher"), cells.get("tensordesc_meta"), cells.get("tensordesc_indices")
+            if raw is None or not metas or None in metas or indices is None:
+                return None
+        from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
+        template, k = [], 0
+        for i, value in enumerate(bound):
+            if i in indices:
+                meta = metas[k]
+                k += 1
+                if meta["fp4_padded"] or id(value.base) not in roles:
+                    return None
+                tma = (meta["swizzle"], meta["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
+                       tuple(meta["block_size"]))
+                template.append(("map", roles[id(value.base)], tma, tuple(value.shape), tuple(value.strides),
+                                 1 if value.padding == "nan" else 0))
+            elif id(value) in roles:
+                template.append(("tensor", roles[id(value)]))
+            elif hasattr(value, "data_ptr"):  # a tensor without a role: it would be replayed stale
+                return None
+            else:
+                template.append(("value", value))
+        head = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, compiled.packed_metadata)
+        return cls(raw, head, template, device, tuple(grid) + (1,) * (3 - len(grid)))
+
+    def __call__(self, tensors: dict, cached: tuple = ()) -> bool:
+        """Launch with `tensors` (role -> tensor); False (nothing launched) where a replay is not allowed now."""
+        if not replay_ok():
+            return False
+        active = _fast_launch_parts()[0].active
+        if active.get_current_device() != self.device:
+            return False
+        function, cooperative, launch_pdl, packed = self.head
+        final = [*self.grid, active.get_current_stream(self.device), function, cooperative, launch_pdl, None, None,
+                 packed, None, None, None]
+        fill = active.utils.fill_tma_descriptor
+        for entry in self.template:
+            kind = entry[0]
+            if kind == "value":
+                final.append(entry[1])
+            elif kind == "tensor":
+                final.append(tensors[entry[1]])
+            else:
+                _, role, tma, shape, strides, padding = entry
+                address = tensors[role].data_ptr()
+                if role in cached:
+                    key = (address, shape, strides, tma)
+                    cu_map = _TMA_MAPS.get(key)
+                    if cu_map is None:
+                        if len(_TMA_MAPS) >= _MAX_MAPS:
+                            _TMA_MAPS.clear()
+                        cu_map = _TMA_MAPS[key] = fill(address, *tma[:3], list(tma[3]), list(shape), list(strides),
+                                                       padding)
+                else:
+                    cu_map = fill(address, *tma[:3], list(tma[3]), list(shape), list(strides), padding)
+                final.append(cu_map)
+                final.extend(shape)
+                final.extend(strides)
+        self.raw(*final)
+        return True
 
 
 @contextmanager

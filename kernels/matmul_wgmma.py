@@ -330,30 +330,22 @@ def linear_wgmma(x: Any, w: Any, bias: Any = None, *, chunk: int, block_k: int =
     if M == 0:
         return out
     ws = torch.empty(plan.ws_shape, dtype=torch.float32, device=x.device) if plan.splits > 1 else None
-    if not plan.replay(x, w, bias, out, ws):
-        plan.launch(x, w, bias, out, ws)
-    if ws is not None:
-        from detent_rl.kernels.matmul import combine_splits  # (matmul imports this module)
-
-        combine_splits(ws, bias, out)
+    plan.launch(x, w, bias, out, ws)
     return out
 
 
 _MAX_PLANS = 8192
 _PLANS: dict = {}  # call shape (`linear_wgmma`'s key) -> _Plan
-_WEIGHT_MAPS: dict = {}  # (address, shape, strides, TMA parameters) -> the encoded TMA descriptor
 
 
 class _Plan:
-    """One call shape of `linear_wgmma`: everything but the tensors' addresses. `launch` builds the TMA
-    descriptors and launches through `_triton.launch` (Triton compiles the variant on a first call); then, with
-    the variant compiled, it records the launcher's arguments, and `replay` runs later calls of the shape
-    straight into Triton's launcher with the tensors swapped in: the same compiled variant and the same
-    arguments Triton's own path would pass (its specialisation reads nothing the key does not fix: M, N, the
-    strides, the operands' 16-byte alignment, checked by `applies`, and torch's allocations'), so the same bits.
-    The weights' descriptors are encoded once (a descriptor is a pure function of the address, shape, strides
-    and TMA parameters it is keyed by); the activations' and the output's are encoded per call, as Triton's
-    launcher would."""
+    """One call shape of `linear_wgmma`: everything but the tensors' addresses. Its first launch builds the TMA
+    descriptors and launches through `_triton.launch` (Triton compiles the variant on a first call); once the
+    variant is compiled, that launch (and the parallel form's combine) is recorded (`_triton.Recorded`), and
+    later launches of the shape run straight into Triton's launcher with the tensors swapped in: the same
+    compiled variant and the same arguments Triton's own path would pass (its specialisation reads nothing the
+    key does not fix: M, N, the strides, the bias's alignment; the operands' is checked by `applies`, and
+    torch's allocations' is 256 bytes), so the same bits. The weights' descriptors are encoded once."""
 
     def __init__(self, x, w, bias, chunk, block_k, group_m, num_buffers, pdl, block_m, block_n, swap_ab, persistent,
                  programs, split):
@@ -387,7 +379,7 @@ class _Plan:
                          num_warps=(block_n if swap_ab else block_m) // 16)
         if pdl:
             self.meta["launch_pdl"] = True
-        self.recorded = None  # (launcher, its fixed leading arguments, the argument template, device)
+        self.kernel = self.combine = None  # the launches recorded (`_triton.Recorded`): the kernel's, the combine's
 
     def _descriptors(self, x, w, out, ws):
         import torch
@@ -412,8 +404,14 @@ class _Plan:
         return (a_desc, b_desc, c_desc, out, bias if bias is not None else out, M, N, out.stride(0), self.ws_rows)
 
     def launch(self, x, w, bias, out, ws) -> None:
-        from detent_rl.kernels._triton import compiled_call, launch
+        """`x @ w.T (+ bias)` into `out` (through the workspace `ws`, combined, in the parallel form)."""
+        from detent_rl.kernels._triton import Recorded, launch
 
+        tensors = {"x": x, "w": w, "out": out, "ws": ws, "bias": bias}
+        if self.kernel is not None and self.kernel(tensors, cached=("w",)):
+            if ws is not None and not (self.combine is not None and self.combine(tensors)):
+                self._combine(tensors)
+            return
         args = self._args(x, w, bias, out, ws)
         grid = self.grid
         if self.persistent:
@@ -423,89 +421,20 @@ class _Plan:
                                                 self.meta["num_warps"])
             grid = self.grid = min(grid, self.programs or _num_sms(x.device) * _RESIDENT[key])
         launch(_chunked_wgmma_kernel, (grid,), *args, **self.meta)
-        if self.recorded is None:
-            found = compiled_call(_chunked_wgmma_kernel, *args, **self.meta)
-            if found is not None:
-                self.recorded = self._record(*found, args, x, w, bias, out, ws)
-
-    def _record(self, compiled, bound, device, args, x, w, bias, out, ws) -> Any:
-        """The launcher and its arguments with each tensor's place marked, or None where the launcher is not the
-        one replayed here (descriptors not lowered to TMA, scratch memory)."""
-        run = compiled.run
-        inner = run.launch
-        cells = dict(zip(inner.__code__.co_freevars, (c.cell_contents for c in inner.__closure__ or ())))
-        raw, metas, indices = cells.get("launcher"), cells.get("tensordesc_meta"), cells.get("tensordesc_indices")
-        if (raw is None or not metas or None in metas or indices is None or run.global_scratch_size
-                or run.profile_scratch_size or getattr(run, "num_ctas", 1) != 1):
-            return None
-        from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
-
-        roles = {id(x): "x", id(w): "w", id(out): "out"}
+        roles = {id(t): role for role, t in tensors.items() if t is not None}
         if ws is not None:
-            roles[id(args[2].base)] = "ws"
-        template, k = [], 0
-        for i, value in enumerate(bound):
-            if i in indices:
-                meta = metas[k]
-                k += 1
-                if meta["fp4_padded"]:
-                    return None
-                tma = (meta["swizzle"], meta["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
-                       list(meta["block_size"]))
-                template.append(("map", roles[id(value.base)], tma, list(value.shape), list(value.strides),
-                                 1 if value.padding == "nan" else 0))
-            elif value is out:
-                template.append(("out",))
-            elif bias is not None and value is bias:
-                template.append(("bias",))
-            else:
-                template.append(("value", value))
-        head = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, compiled.packed_metadata)
-        return raw, head, template, device
+            roles[id(args[2].base)] = "ws"  # (the workspace's descriptor describes a view of it)
+        if self.kernel is None:
+            self.kernel = Recorded.of(_chunked_wgmma_kernel, (grid,), args, self.meta, roles)
+        if ws is not None:
+            self._combine(tensors)
 
-    def replay(self, x, w, bias, out, ws) -> bool:
-        """Launch through the recorded launcher (see the class); False where there is none to replay."""
-        from detent_rl.kernels._triton import current_stream, replay_ok
+    def _combine(self, tensors: dict) -> None:
+        from detent_rl.kernels._triton import Recorded, launch
+        from detent_rl.kernels.matmul import combine_call  # (matmul imports this module)
 
-        if self.recorded is None or not replay_ok():
-            return False
-        raw, (function, cooperative, launch_pdl, packed), template, device = self.recorded
-        stream = current_stream(device)
-        if stream is None:
-            return False
-        tensors = {"x": x, "w": w, "out": out, "ws": ws}
-        fill = _fill_tma()
-        final = [self.grid, 1, 1, stream, function, cooperative, launch_pdl, None, None, packed,
-                 None, None, None]
-        for entry in template:
-            kind = entry[0]
-            if kind == "map":
-                _, role, tma, shape, strides, padding = entry
-                t = tensors[role]
-                if role == "w":
-                    wkey = (t.data_ptr(), tuple(shape), tuple(strides), tma[0], tma[1], tma[2], tuple(tma[3]))
-                    cu_map = _WEIGHT_MAPS.get(wkey)
-                    if cu_map is None:
-                        if len(_WEIGHT_MAPS) >= _MAX_PLANS:
-                            _WEIGHT_MAPS.clear()
-                        cu_map = _WEIGHT_MAPS[wkey] = fill(t.data_ptr(), *tma, shape, strides, padding)
-                else:
-                    cu_map = fill(t.data_ptr(), *tma, shape, strides, padding)
-                final.append(cu_map)
-                final.extend(shape)
-                final.extend(strides)
-            elif kind == "out":
-                final.append(out)
-            elif kind == "bias":
-                final.append(bias)
-            else:
-                final.append(entry[1])
-        raw(*final)
-        return True
-
-
-@functools.lru_cache(maxsize=None)
-def _fill_tma() -> Any:
-    import triton
-
-    return triton.runtime.driver.active.utils.fill_tma_descriptor
+        kernel, grid, *args, kwargs = combine_call(tensors["ws"], tensors["bias"], tensors["out"])
+        launch(kernel, grid, *args, **kwargs)
+        if self.combine is None:
+            roles = {id(t): role for role, t in tensors.items() if t is not None}
+            self.combine = Recorded.of(kernel, grid, tuple(args), kwargs, roles)
