@@ -1,0 +1,103 @@
+"""Eager engine steps' wall time, stock vs tuned, in alternating rounds in one process (online serving's prefill
+and mixed steps are not graph replays: their host time is the step's).
+
+    PYTHONPATH=$(bash bench/link_package.sh .) python -P bench/eager_steps.py [--model qwen2-0.5b]
+        [--commitment bench/tuned/h200_qwen2-0.5b_grpo32x8.json] [--rounds 5] [--steps 10]
+        [--linear-from OLD_MATMUL_WGMMA.py]
+
+Each arm's engine is warmed up (`Engine.warmup`: nothing compiles in a timed step), then three steps are
+timed, each `--steps` times synced: a mixed step (47 decode rows beside a 256-token prefill chunk), a 4 x 256
+prefill, and 48 rows of one or two tokens run eagerly. Prints each arm's median ms a step, its ratio to stock
+and the rounds' range. `--linear-from FILE` adds the arm `tuned (FILE)`: the same engine with `linear_wgmma`
+taken from another version of kernels/matmul_wgmma.py (e.g. `git show HEAD~1:kernels/matmul_wgmma.py >
+old.py`), an A/B of the warpgroup linear's host path in one process. On the CPU it runs too (slowly: use
+`--model tiny --commitment ''`: the default tuple, arm `detent`), without warm-up or warpgroup kernels."""
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import statistics
+import time
+
+import torch
+
+from detent_rl.kernels import matmul as MM
+from detent_rl.kernels.commitment import CommitmentTuple
+from detent_rl.models import load_model
+from detent_rl.models.builtin import builtin_checkpoint
+from detent_rl.rollout.engine import Engine
+from detent_rl.rollout.scheduler import Span
+from detent_rl.rollout.sequence import SamplingParams, Sequence
+
+SHAPES = {"mixed 47 x 1 + 256": [(300, 1)] * 47 + [(0, 256)], "prefill 4 x 256": [(0, 256)] * 4,
+          "eager 48 rows": [(300, 1)] * 47 + [(0, 2)]}
+
+
+def spans_of(shape: list[tuple[int, int]], vocab: int) -> list[Span]:
+    """A step's spans: (tokens already cached, tokens this step) a sequence, with fixed pages."""
+    out = []
+    for i, (cached, new) in enumerate(shape):
+        seq = Sequence([(5 * i + j) % min(vocab, 1000) for j in range(cached + new)], SamplingParams(seed=i), 16)
+        seq.block_table = list(range(-(-(cached + new) // 16)))
+        out.append(Span(seq, cached, new, True))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="qwen2-0.5b")
+    ap.add_argument("--commitment", default="bench/tuned/h200_qwen2-0.5b_grpo32x8.json")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--linear-from", default=None)
+    args = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    path = builtin_checkpoint(args.model)
+    engines = {}
+    pinned = "tuned" if args.commitment else "detent"  # (--commitment '': the default tuple)
+    for arm, commitment in (("stock", None), (pinned, CommitmentTuple.load(args.commitment) if args.commitment
+                                              else None)):
+        model = load_model(path, "stock" if arm == "stock" else "detent", device=device, dtype=dtype,
+                           commitment=commitment, max_context=784, max_batch=256, max_num_tokens=8192)
+        engines[arm] = Engine.for_requests(model, 64, 784, 64)
+        if device == "cuda":
+            engines[arm].warmup()
+    ours = MM.linear_wgmma
+    arms = [("stock", "stock", None), (pinned, pinned, ours)]
+    if args.linear_from:
+        spec = importlib.util.spec_from_file_location("linear_from", args.linear_from)
+        other = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(other)
+        arms.insert(1, (f"{pinned} ({args.linear_from})", pinned, other.linear_wgmma))
+    times: dict = {(label, s): [] for label, _, _ in arms for s in SHAPES}
+    try:
+        for _ in range(args.rounds):
+            for label, arm, linear_wgmma in arms:
+                if linear_wgmma is not None:
+                    MM.linear_wgmma = linear_wgmma
+                for name, shape in SHAPES.items():
+                    spans = spans_of(shape, engines[arm].model.config.vocab_size)
+                    for _ in range(2):
+                        engines[arm]._step(spans)
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    gc.collect()
+                    t0 = time.perf_counter()
+                    for _ in range(args.steps):
+                        engines[arm]._step(spans)
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    times[(label, name)].append((time.perf_counter() - t0) / args.steps * 1e3)
+    finally:
+        MM.linear_wgmma = ours
+    for name in SHAPES:
+        base = statistics.median(times[("stock", name)])
+        cells = [f"{label} {statistics.median(ts):.2f} ms ({statistics.median(ts) / base:.2f}x; "
+                 f"{min(ts):.2f}-{max(ts):.2f})" for label, _, _ in arms for ts in [times[(label, name)]]]
+        print(f"{args.model} {name}: " + ", ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
