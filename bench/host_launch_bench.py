@@ -17,7 +17,7 @@ eagerly (no CUDA graph: a prefill step's shape changes with the batch). Per forw
 A forward with host >= GPU is host-bound: its kernels wait for their launches. `--host-top N` prints the
 host's N costliest functions by own time over one more forward (cProfile). `--commitment` adds the arm
 `tuned` (detent with that tuple). `--launch direct,triton` times each forward's host under both launch paths
-of our Triton kernels (`kernels._triton.launch`: the compiled kernel found by Triton's own key and launched
+of our Triton kernels (`kernels.launch.launch`: the compiled kernel found by Triton's own key and launched
 directly, or Triton's `JITFunction.run`, DETENT_LAUNCH=triton), alternating rep by rep, and checks that both
 paths give the same logits, bit for bit.
 """

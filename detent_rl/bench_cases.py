@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from detent_rl.kernels._triton import counting_compiles
+from detent_rl.kernels.launch import counting_compiles
 from detent_rl.kernels.matmul import launch_params, linear, stock_linear
 from detent_rl.models.layers import Linear
 from detent_rl.models.model import CausalLM

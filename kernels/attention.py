@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from detent_rl.kernels._triton import INDEX_DTYPES, interpreting, launch, pdl, pdl_enter, tl, triton
+from detent_rl.kernels._triton import INDEX_DTYPES, interpreting, pdl, pdl_enter, tl, triton
+from detent_rl.kernels.launch import launch
 
 
 @dataclass(frozen=True)

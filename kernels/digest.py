@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from detent_rl.kernels._triton import launch, pdl, pdl_enter, tl, triton
+from detent_rl.kernels._triton import pdl, pdl_enter, tl, triton
+from detent_rl.kernels.launch import launch
 
 WORDS_PER_PROGRAM = 8192  # 64 KB of a tensor per program: BLOCK words, ITERS times
 BLOCK = 1024

@@ -2,8 +2,8 @@
 import torch
 import torch.nn.functional as F
 
-from detent_rl.kernels._triton import (INDEX_DTYPES, check_block, launch, pdl, pdl_enter, require_triton, tl, triton,
-                                       use_triton)
+from detent_rl.kernels._triton import INDEX_DTYPES, check_block, pdl, pdl_enter, require_triton, tl, triton, use_triton
+from detent_rl.kernels.launch import launch
 
 
 @triton.jit

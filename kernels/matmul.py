@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from detent_rl.kernels._triton import interpreting, launch, pdl, pdl_enter, tl, triton
+from detent_rl.kernels._triton import interpreting, pdl, pdl_enter, tl, triton
+from detent_rl.kernels.launch import launch
 from detent_rl.kernels.matmul_wgmma import applies as wgmma_applies
 from detent_rl.kernels.matmul_wgmma import linear_wgmma
 from detent_rl.kernels.matmul_wgmma import tile_fits as wgmma_tile_fits
@@ -195,22 +196,19 @@ def _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group
     return out
 
 
-def combine_splits(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+def combine_splits(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> tuple:
     """`out = ws[0] + ws[1] + ... (+ bias)`, the fp32 partials [splits, rows >= M, N] (out's first M
-    rows of each; contiguous) added in split order."""
-    kernel, grid, *args, kwargs = combine_call(ws, bias, out)
-    launch(kernel, grid, *args, **kwargs)
-
-
-def combine_call(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> tuple:
-    """`combine_splits`'s launch: (kernel, grid, *args, keyword arguments)."""
+    rows of each; contiguous) added in split order. Returns the launch (kernel, grid, arguments, keyword
+    arguments), for a caller that records it (`matmul_wgmma`)."""
     M, N = out.shape
     splits = ws.shape[0]
     assert ws.shape[1] >= M and ws.shape[2] == N and ws.is_contiguous()
     block = 1024
-    return (_splitk_reduce_kernel, (triton.cdiv(M * N, block),), ws, bias if bias is not None else out, out, M, N,
-            ws.stride(0), out.stride(0), out.stride(1), dict(HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK=block,
-                                                             **pdl(out)))
+    grid = (triton.cdiv(M * N, block),)
+    args = (ws, bias if bias is not None else out, out, M, N, ws.stride(0), out.stride(0), out.stride(1))
+    meta = dict(HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK=block)
+    launch(_splitk_reduce_kernel, grid, *args, **meta, **pdl(out))
+    return _splitk_reduce_kernel, grid, args, {**meta, **pdl(out)}
 
 
 CPU_BLOCK_M = 16  # the CPU path's fixed row tile: torch's CPU fp32 matmul reads M

@@ -340,8 +340,8 @@ _PLANS: dict = {}  # call shape (`linear_wgmma`'s key) -> _Plan
 
 class _Plan:
     """One call shape of `linear_wgmma`: everything but the tensors' addresses. Its first launch builds the TMA
-    descriptors and launches through `_triton.launch` (Triton compiles the variant on a first call); once the
-    variant is compiled, that launch (and the parallel form's combine) is recorded (`_triton.Recorded`), and
+    descriptors and launches through `launch.launch` (Triton compiles the variant on a first call); once the
+    variant is compiled, that launch (and the parallel form's combine) is recorded (`launch.Recorded`), and
     later launches of the shape run straight into Triton's launcher with the tensors swapped in: the same
     compiled variant and the same arguments Triton's own path would pass (its specialisation reads nothing the
     key does not fix: M, N, the strides, the bias's alignment; the operands' is checked by `applies`, and
@@ -379,7 +379,7 @@ class _Plan:
                          num_warps=(block_n if swap_ab else block_m) // 16)
         if pdl:
             self.meta["launch_pdl"] = True
-        self.kernel = self.combine = None  # the launches recorded (`_triton.Recorded`): the kernel's, the combine's
+        self.kernel = self.combine = None  # the launches recorded (`launch.Recorded`): the kernel's, the combine's
 
     def _descriptors(self, x, w, out, ws):
         import torch
@@ -405,7 +405,7 @@ class _Plan:
 
     def launch(self, x, w, bias, out, ws) -> None:
         """`x @ w.T (+ bias)` into `out` (through the workspace `ws`, combined, in the parallel form)."""
-        from detent_rl.kernels._triton import Recorded, launch
+        from detent_rl.kernels.launch import Recorded, launch
 
         tensors = {"x": x, "w": w, "out": out, "ws": ws, "bias": bias}
         if self.kernel is not None and self.kernel(tensors, cached=("w",)):
@@ -430,11 +430,10 @@ class _Plan:
             self._combine(tensors)
 
     def _combine(self, tensors: dict) -> None:
-        from detent_rl.kernels._triton import Recorded, launch
-        from detent_rl.kernels.matmul import combine_call  # (matmul imports this module)
+        from detent_rl.kernels.launch import Recorded
+        from detent_rl.kernels.matmul import combine_splits  # (matmul imports this module)
 
-        kernel, grid, *args, kwargs = combine_call(tensors["ws"], tensors["bias"], tensors["out"])
-        launch(kernel, grid, *args, **kwargs)
+        kernel, grid, args, kwargs = combine_splits(tensors["ws"], tensors["bias"], tensors["out"])
         if self.combine is None:
             roles = {id(t): role for role, t in tensors.items() if t is not None}
-            self.combine = Recorded.of(kernel, grid, tuple(args), kwargs, roles)
+            self.combine = Recorded.of(kernel, grid, args, kwargs, roles)

@@ -14,8 +14,9 @@ from typing import Optional, Union
 
 import torch
 
-from detent_rl.kernels._triton import (FLOAT_DTYPES, aligned, check_block, dense_rows, fold_rows, launch, pdl,
-                                       pdl_enter, require_triton, tl, triton, use_triton)
+from detent_rl.kernels._triton import (FLOAT_DTYPES, aligned, check_block, dense_rows, fold_rows, pdl, pdl_enter,
+                                       require_triton, tl, triton, use_triton)
+from detent_rl.kernels.launch import launch
 
 
 @triton.jit

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from detent_rl.kernels._triton import (INDEX_DTYPES, check_block, launch, pdl, pdl_enter, require_triton, tl, triton,
-                                       use_triton)
+from detent_rl.kernels._triton import INDEX_DTYPES, check_block, pdl, pdl_enter, require_triton, tl, triton, use_triton
+from detent_rl.kernels.launch import launch
 from detent_rl.kernels.attention import check_store, store_kv
 
 SEQUENCE_DEPENDENT = ("dynamic", "longrope")

@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import torch
 
-from detent_rl.kernels._triton import (FLOAT_DTYPES, INDEX_DTYPES, check_block, dense_rows, launch, pdl, pdl_enter,
+from detent_rl.kernels._triton import (FLOAT_DTYPES, INDEX_DTYPES, check_block, dense_rows, pdl, pdl_enter,
                                        require_triton, tl, triton, use_triton)
+from detent_rl.kernels.launch import launch
 from detent_rl.kernels.log_softmax import log_softmax, token_logprobs
 from detent_rl.kernels.noise import MESSAGE_BYTES, fmix32_torch, gumbel, gumbel_noise, mix_word_torch, row_state
 from detent_rl.kernels.vocab import vocab_pass

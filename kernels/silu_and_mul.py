@@ -10,8 +10,8 @@ rounding; both sides of a rollout/trainer pair use this kernel, so they agree.
 import torch
 import torch.nn.functional as F
 
-from detent_rl.kernels._triton import (FLOAT_DTYPES, check_block, launch, pdl, pdl_enter, require_triton, tl, triton,
-                                       use_triton)
+from detent_rl.kernels._triton import FLOAT_DTYPES, check_block, pdl, pdl_enter, require_triton, tl, triton, use_triton
+from detent_rl.kernels.launch import launch
 
 
 @triton.jit

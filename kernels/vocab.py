@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from detent_rl.kernels._triton import fold_rows, launch, pdl, pdl_enter, tl, triton
+from detent_rl.kernels._triton import fold_rows, pdl, pdl_enter, tl, triton
+from detent_rl.kernels.launch import launch
 from detent_rl.kernels.noise import fmix32, mix_word
 
 MAX_SPLITS = 64

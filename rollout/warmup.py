@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from detent_rl.kernels._triton import counting_compiles
+from detent_rl.kernels.launch import counting_compiles
 from detent_rl.kernels.matmul import launch_params
 from detent_rl.models.layers import Linear
 from detent_rl.rollout.scheduler import Span

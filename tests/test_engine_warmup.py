@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from detent_rl.kernels._triton import counting_compiles
+from detent_rl.kernels.launch import counting_compiles
 from detent_rl.models import load_model
 from detent_rl.rollout import warmup as warmup_mod
 from detent_rl.rollout.engine import Engine

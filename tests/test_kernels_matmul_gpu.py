@@ -213,11 +213,11 @@ def test_wgmma_replayed_launch_is_tritons_own(n, k, bias, form, monkeypatch):
         pytest.skip("the warpgroup kernel runs on sm_90")
     x, w, b = _data(n, k, bias, torch.bfloat16, 300)
     w2 = torch.roll(w, 1, 0).contiguous()  # same shape, another address
-    from detent_rl.kernels import _triton
+    from detent_rl.kernels import launch as _launch
 
     replays = []
-    real = _triton.Recorded.__call__
-    monkeypatch.setattr(_triton.Recorded, "__call__", lambda self, *a, **k: replays.append(real(self, *a, **k))
+    real = _launch.Recorded.__call__
+    monkeypatch.setattr(_launch.Recorded, "__call__", lambda self, *a, **k: replays.append(real(self, *a, **k))
                         or replays[-1])
 
     def run(xx, ww):
@@ -246,9 +246,9 @@ def test_wgmma_replayed_launch_is_tritons_own(n, k, bias, form, monkeypatch):
         m.setenv("DETENT_LAUNCH", "triton")
         assert torch.equal(captured, run(x[100:137], w))
     # control: w2's descriptor pointed at w's memory must show
-    for key in list(_triton._TMA_MAPS):
+    for key in list(_launch._TMA_MAPS):
         if key[0] == w2.data_ptr():
-            _triton._TMA_MAPS[key] = _triton._TMA_MAPS[(w.data_ptr(),) + key[1:]]
+            _launch._TMA_MAPS[key] = _launch._TMA_MAPS[(w.data_ptr(),) + key[1:]]
     stale = run(x[:300], w2)
-    _triton._TMA_MAPS.clear()
+    _launch._TMA_MAPS.clear()
     assert torch.equal(stale, own[0]) and not torch.equal(stale, own[2]), "control: a stale descriptor must show"

@@ -1,4 +1,4 @@
-"""`kernels._triton.launch`: our Triton kernels launched with the compiled kernel that Triton's own key finds,
+"""`kernels.launch.launch`: our Triton kernels launched with the compiled kernel that Triton's own key finds,
 without the rest of `JITFunction.run`'s per-launch work. It must launch the very variant `run` would, so a whole
 RL step's work (generate with CUDA-graph decode, rescore, the trainer's forward with grad and its backward, each
 arm) gives the same bits through either path, and the direct path must really be the one taken (Triton's `run`

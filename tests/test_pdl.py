@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from detent_rl.kernels._triton import _hooked, env, pdl
+from detent_rl.kernels._triton import env, pdl
+from detent_rl.kernels.launch import _hooked
 
 KERNELS = Path(__file__).resolve().parent.parent / "kernels"
 
@@ -61,10 +62,10 @@ def test_every_kernel_waits_first_and_every_launch_passes_pdl():
 
 def test_every_launch_goes_through_launch():
     """`kernel[grid](...)` would take Triton's slower `JITFunction.run` (~25 µs of host a launch on the H200's host
-    against ~15 through `_triton.launch`, which finds the same compiled kernel by Triton's own key)."""
+    against ~15 through `kernels.launch.launch`, which finds the same compiled kernel by Triton's own key)."""
     direct = []
     for path in sorted(KERNELS.rglob("*.py")):
-        if path.name == "_triton.py":  # `launch` itself falls back to it
+        if path.name == "launch.py":  # `launch` itself falls back to it
             continue
         tree = ast.parse(path.read_text())
         names = {f.name for f in tree.body if isinstance(f, ast.FunctionDef)} | {

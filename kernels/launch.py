@@ -1,0 +1,232 @@
+"""How our Triton (and Gluon) kernels are launched: the direct path, recorded launches replayed, compiles counted.
+
+`launch(kernel, grid, ...)` is `kernel[grid](...)` with less of Triton's per-launch host work (every kernel module
+launches through it; tests/test_pdl.py checks). `Recorded` keeps one launch of a call shape so that later ones go
+straight into Triton's launcher with only the tensors swapped in (the warpgroup linear's plans). Both reproduce the
+launch Triton's own path would make, version-gated to the Triton whose internals they read (3.6); anything else
+takes Triton's own path. `counting_compiles` names the variants compiled meanwhile (the engine's warm-up, the bench).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, Optional
+
+from detent_rl.kernels._triton import env, interpreting, triton
+
+
+_FAST: dict[str, object] = {}  # "parts": the Triton internals `launch` uses (None: Triton's own path), found once
+
+
+def _fast_launch_parts() -> Optional[tuple]:
+    """(driver, compute_cache_key, knobs, CompiledKernel) of the installed Triton, or None where its launch path is
+    not the one `launch` reproduces (another layout of `JITFunction.device_caches`): then every launch takes
+    Triton's own."""
+    if "parts" not in _FAST:
+        parts = None
+        try:
+            from triton import knobs
+            from triton.compiler.compiler import CompiledKernel
+            from triton.runtime import driver
+            from triton.runtime.jit import compute_cache_key
+            if tuple(int(v) for v in triton.__version__.split(".")[:2]) == (3, 6):  # the layout read here
+                parts = (driver, compute_cache_key, knobs, CompiledKernel)
+        except (ImportError, AttributeError, ValueError):
+            pass
+        _FAST["parts"] = parts
+    return _FAST["parts"]  # type: ignore[return-value]
+
+
+def _hooked(hook) -> bool:
+    """Whether a Triton launch hook would run: Triton 3.6's hooks are `HookChain`s, never None, empty (`.calls`)
+    unless a profiler added one; an older Triton's are None or a callable."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def launch(kernel, grid: tuple, *args, **kwargs) -> None:
+    """`kernel[grid](*args, **kwargs)`, with less of Triton's per-launch host work.
+
+    Triton's `JITFunction.run` binds and specialises the arguments (its generated binder), looks the compiled
+    kernel up by that specialisation's key, then, per launch, re-reads its knobs, checks the kernel's globals and
+    builds launch metadata before the driver's launcher runs: 20-25 µs a launch on the H200's host, of which the
+    binder is ~3-5 and the launcher ~5-8; this path takes ~3.5 µs less, our wrappers ~7 µs less (docs/BENCHMARKS.md,
+    sessions 28 and 29). Here the same binder and the same key find
+    the same compiled kernel in Triton's own cache, which the launcher then runs with the same bound arguments:
+    the very variant `run` would launch, so bits cannot change. Anything this path does not reproduce takes
+    Triton's own: a kernel not compiled yet (Triton compiles it and caches it for the next call), launch hooks
+    (profilers), pre-run hooks, a callable grid, the interpreter, another Triton, DETENT_LAUNCH=triton (A/B).
+    Not re-checked per launch: that the kernel's global constants have not changed since it was compiled (ours
+    are module constants)."""
+    parts = None if interpreting() else _fast_launch_parts()
+    if parts is None or callable(grid) or kernel.pre_run_hooks or env("DETENT_LAUNCH") == "triton":
+        kernel[grid](*args, **kwargs)
+        return
+    driver, cache_key, knobs, compiled_type = parts
+    if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
+        kernel[grid](*args, **kwargs)
+        return
+    device = driver.active.get_current_device()
+    kernel_cache, key_cache, _, _, binder = kernel.device_caches[device]
+    options = dict(kwargs, debug=kwargs.get("debug", kernel.debug) or knobs.runtime.debug,
+                   instrumentation_mode=knobs.compilation.instrumentation_mode)  # as `run` completes them
+    bound, specialization, options = binder(*args, **options)
+    compiled = kernel_cache.get(cache_key(key_cache, specialization, options))
+    if type(compiled) is not compiled_type:  # not compiled yet (None), or compiling asynchronously (a future)
+        kernel[grid](*args, **kwargs)
+        return
+    stream = driver.active.get_current_stream(device)
+    size = len(grid)
+    # No launch metadata and no hooks (both chains are empty): the launcher then skips them, as `run`'s would.
+    compiled.run(grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, compiled.function,
+                 compiled.packed_metadata, None, None, None, *bound.values())
+
+
+def compiled_call(kernel, *args, **kwargs) -> Optional[tuple]:
+    """(compiled kernel, its launcher's bound arguments, device) that `launch(kernel, grid, *args, **kwargs)` runs
+    now, found by the same binder and key; None where `launch` would take Triton's own path (not compiled yet,
+    hooks, another Triton, the interpreter, DETENT_LAUNCH=triton). For callers that replay one call shape's launch
+    with only its tensors changed (`matmul_wgmma`)."""
+    parts = None if interpreting() else _fast_launch_parts()
+    if parts is None or kernel.pre_run_hooks or env("DETENT_LAUNCH") == "triton":
+        return None
+    driver, cache_key, knobs, compiled_type = parts
+    if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
+        return None
+    device = driver.active.get_current_device()
+    kernel_cache, key_cache, _, _, binder = kernel.device_caches[device]
+    options = dict(kwargs, debug=kwargs.get("debug", kernel.debug) or knobs.runtime.debug,
+                   instrumentation_mode=knobs.compilation.instrumentation_mode)
+    bound, specialization, options = binder(*args, **options)
+    compiled = kernel_cache.get(cache_key(key_cache, specialization, options))
+    if type(compiled) is not compiled_type:
+        return None
+    return compiled, list(bound.values()), device
+
+
+def replay_ok() -> bool:
+    """Whether a call recorded by `compiled_call` may be replayed now: the same conditions as `launch`'s own path
+    (launch hooks added since, DETENT_LAUNCH=triton)."""
+    parts = _fast_launch_parts()
+    if parts is None or env("DETENT_LAUNCH") == "triton":
+        return False
+    knobs = parts[2]
+    return not (_hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook))
+
+
+_MAX_MAPS = 8192
+_TMA_MAPS: dict = {}  # (address, shape, strides, TMA parameters) -> an encoded TMA descriptor of a long-lived tensor
+
+
+class Recorded:
+    """One launch of a compiled Triton (or Gluon) kernel, recorded so that later launches of the same call shape run
+    straight into Triton's launcher with only the tensors swapped in: the compiled variant and the launcher's
+    arguments that Triton's own path would pass, so the same bits. The caller's key must fix everything the
+    kernel's specialisation reads (the integer arguments' values, the pointers' 16-byte alignment, the
+    descriptors' shapes and strides) and the grid. Each tensor argument, or the tensor behind a host TMA
+    descriptor, has a role (`roles`: id of the recorded call's object -> name); a later launch names its tensors
+    by role. The descriptors of the roles in `cached` (long-lived tensors: weights) are encoded once per address
+    (a descriptor is a pure function of the address, shape, strides and TMA parameters it is keyed by), the others
+    per launch, as Triton's launcher would encode them."""
+
+    __slots__ = ("raw", "head", "template", "device", "grid")
+
+    def __init__(self, raw, head, template, device, grid):
+        self.raw, self.head, self.template, self.device, self.grid = raw, head, template, device, grid
+
+    @classmethod
+    def of(cls, kernel, grid: tuple, args: tuple, kwargs: dict, roles: dict) -> Optional["Recorded"]:
+        """The record of `launch(kernel, grid, *args, **kwargs)` just made, or None where it cannot be replayed
+        (Triton's own path, a launcher with scratch memory or clusters, descriptors not lowered to TMA)."""
+        found = compiled_call(kernel, *args, **kwargs)
+        if found is None:
+            return None
+        compiled, bound, device = found
+        run = compiled.run
+        if run.global_scratch_size or run.profile_scratch_size or getattr(run, "num_ctas", 1) != 1:
+            return None
+        raw, metas, indices = run.launch, [], set()
+        if hasattr(raw, "__code__"):  # Triton's wrapper that encodes host TMA descriptors around the C launcher
+            cells = dict(zip(raw.__code__.co_freevars, (c.cell_contents for c in raw.__closure__ or ())))
+            raw, metas, indices = cells.get("launcher"), cells.get("tensordesc_meta"), cells.get("tensordesc_indices")
+            if raw is None or not metas or None in metas or indices is None:
+                return None
+        from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
+        template, k = [], 0
+        for i, value in enumerate(bound):
+            if i in indices:
+                meta = metas[k]
+                k += 1
+                if meta["fp4_padded"] or id(value.base) not in roles:
+                    return None
+                tma = (meta["swizzle"], meta["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
+                       tuple(meta["block_size"]))
+                template.append(("map", roles[id(value.base)], tma, tuple(value.shape), tuple(value.strides),
+                                 1 if value.padding == "nan" else 0))
+            elif id(value) in roles:
+                template.append(("tensor", roles[id(value)]))
+            elif hasattr(value, "data_ptr"):  # a tensor without a role: it would be replayed stale
+                return None
+            else:
+                template.append(("value", value))
+        head = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, compiled.packed_metadata)
+        return cls(raw, head, template, device, tuple(grid) + (1,) * (3 - len(grid)))
+
+    def __call__(self, tensors: dict, cached: tuple = ()) -> bool:
+        """Launch with `tensors` (role -> tensor); False (nothing launched) where a replay is not allowed now."""
+        if not replay_ok():
+            return False
+        active = _fast_launch_parts()[0].active
+        if active.get_current_device() != self.device:
+            return False
+        function, cooperative, launch_pdl, packed = self.head
+        final = [*self.grid, active.get_current_stream(self.device), function, cooperative, launch_pdl, None, None,
+                 packed, None, None, None]
+        fill = active.utils.fill_tma_descriptor
+        for entry in self.template:
+            kind = entry[0]
+            if kind == "value":
+                final.append(entry[1])
+            elif kind == "tensor":
+                final.append(tensors[entry[1]])
+            else:
+                _, role, tma, shape, strides, padding = entry
+                address = tensors[role].data_ptr()
+                if role in cached:
+                    key = (address, shape, strides, tma)
+                    cu_map = _TMA_MAPS.get(key)
+                    if cu_map is None:
+                        if len(_TMA_MAPS) >= _MAX_MAPS:
+                            _TMA_MAPS.clear()
+                        cu_map = _TMA_MAPS[key] = fill(address, *tma[:3], list(tma[3]), list(shape), list(strides),
+                                                       padding)
+                else:
+                    cu_map = fill(address, *tma[:3], list(tma[3]), list(shape), list(strides), padding)
+                final.append(cu_map)
+                final.extend(shape)
+                final.extend(strides)
+        self.raw(*final)
+        return True
+
+
+@contextmanager
+def counting_compiles() -> Iterator[list[str]]:
+    """While inside, the names of the Triton kernels compiled (one entry a variant: Triton's and Gluon's JIT,
+    through `JITFunction._do_compile`), in order: a benchmark's timed run and the engine's warm-up report them.
+    Where Triton is absent or compiles another way, nothing is counted."""
+    names: list[str] = []
+    try:
+        from triton.runtime.jit import JITFunction
+        real = JITFunction._do_compile
+    except (ImportError, AttributeError):
+        yield names
+        return
+
+    def counted(self, *args, **kwargs):
+        names.append(self.fn.__name__)
+        return real(self, *args, **kwargs)
+
+    JITFunction._do_compile = counted
+    try:
+        yield names
+    finally:
+        JITFunction._do_compile = real
