@@ -134,21 +134,25 @@ class Recorded:
 
     @classmethod
     def of(cls, kernel, grid: tuple, args: tuple, kwargs: dict, roles: dict) -> Optional["Recorded"]:
-        """The record of `launch(kernel, grid, *args, **kwargs)` just made, or None where it cannot be replayed
-        (Triton's own path, a launcher with scratch memory or clusters, descriptors not lowered to TMA)."""
+        """The record of `launch(kernel, grid, *args, **kwargs)` just made; None where it took Triton's own path
+        (not compiled yet, hooks: ask again at a later launch); `NEVER` where this launch cannot be replayed (a
+        launcher with scratch memory or clusters, descriptors not lowered to TMA, a tensor without a role)."""
         found = compiled_call(kernel, *args, **kwargs)
         if found is None:
             return None
-        compiled, bound, device = found
+        return cls._of(*found, grid, roles)
+
+    @classmethod
+    def _of(cls, compiled, bound, device, grid, roles) -> "Recorded":
         run = compiled.run
         if run.global_scratch_size or run.profile_scratch_size or getattr(run, "num_ctas", 1) != 1:
-            return None
+            return NEVER
         raw, metas, indices = run.launch, [], set()
         if hasattr(raw, "__code__"):  # Triton's wrapper that encodes host TMA descriptors around the C launcher
             cells = dict(zip(raw.__code__.co_freevars, (c.cell_contents for c in raw.__closure__ or ())))
             raw, metas, indices = cells.get("launcher"), cells.get("tensordesc_meta"), cells.get("tensordesc_indices")
             if raw is None or not metas or None in metas or indices is None:
-                return None
+                return NEVER
         from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
 
         template, k = [], 0
@@ -157,7 +161,7 @@ class Recorded:
                 meta = metas[k]
                 k += 1
                 if meta["fp4_padded"] or id(value.base) not in roles:
-                    return None
+                    return NEVER
                 tma = (meta["swizzle"], meta["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
                        tuple(meta["block_size"]))
                 template.append(("map", roles[id(value.base)], tma, tuple(value.shape), tuple(value.strides),
@@ -165,7 +169,7 @@ class Recorded:
             elif id(value) in roles:
                 template.append(("tensor", roles[id(value)]))
             elif hasattr(value, "data_ptr"):  # a tensor without a role: it would be replayed stale
-                return None
+                return NEVER
             else:
                 template.append(("value", value))
         head = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, compiled.packed_metadata)
@@ -230,3 +234,13 @@ def counting_compiles() -> Iterator[list[str]]:
         yield names
     finally:
         JITFunction._do_compile = real
+
+
+class _Never:
+    """A launch that cannot be replayed: every call declines (the caller launches through `launch`)."""
+
+    def __call__(self, tensors: dict, cached: tuple = ()) -> bool:
+        return False
+
+
+NEVER = _Never()
