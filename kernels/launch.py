@@ -42,6 +42,16 @@ def _hooked(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
+def _usable_parts() -> Optional[tuple]:
+    """`_fast_launch_parts()` where a launch may bypass Triton's `run` now: not under the interpreter, no launch
+    hooks (profilers), not DETENT_LAUNCH=triton (A/B); else None."""
+    parts = None if interpreting() else _fast_launch_parts()
+    if parts is None or env("DETENT_LAUNCH") == "triton":
+        return None
+    runtime = parts[2].runtime
+    return None if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook) else parts
+
+
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     """`kernel[grid](*args, **kwargs)`, with less of Triton's per-launch host work.
 
@@ -56,60 +66,36 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     (profilers), pre-run hooks, a callable grid, the interpreter, another Triton, DETENT_LAUNCH=triton (A/B).
     Not re-checked per launch: that the kernel's global constants have not changed since it was compiled (ours
     are module constants)."""
-    parts = None if interpreting() else _fast_launch_parts()
-    if parts is None or callable(grid) or kernel.pre_run_hooks or env("DETENT_LAUNCH") == "triton":
+    found = None if callable(grid) else compiled_call(kernel, *args, **kwargs)
+    if found is None:
         kernel[grid](*args, **kwargs)
         return
+    compiled, bound, device = found
+    stream = _fast_launch_parts()[0].active.get_current_stream(device)
+    size = len(grid)
+    # No launch metadata and no hooks (both chains are empty): the launcher then skips them, as `run`'s would.
+    compiled.run(grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, compiled.function,
+                 compiled.packed_metadata, None, None, None, *bound)
+
+
+def compiled_call(kernel, *args, **kwargs) -> Optional[tuple]:
+    """(compiled kernel, its launcher's bound arguments, device) that `launch(kernel, grid, *args, **kwargs)` runs:
+    the same binder and key find the very variant Triton's `run` would launch. None where Triton's own path must
+    run: `_usable_parts` says no, pre-run hooks, or the variant is not compiled yet (or compiling asynchronously: a
+    future)."""
+    parts = _usable_parts()
+    if parts is None or kernel.pre_run_hooks:
+        return None
     driver, cache_key, knobs, compiled_type = parts
-    if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
-        kernel[grid](*args, **kwargs)
-        return
     device = driver.active.get_current_device()
     kernel_cache, key_cache, _, _, binder = kernel.device_caches[device]
     options = dict(kwargs, debug=kwargs.get("debug", kernel.debug) or knobs.runtime.debug,
                    instrumentation_mode=knobs.compilation.instrumentation_mode)  # as `run` completes them
     bound, specialization, options = binder(*args, **options)
     compiled = kernel_cache.get(cache_key(key_cache, specialization, options))
-    if type(compiled) is not compiled_type:  # not compiled yet (None), or compiling asynchronously (a future)
-        kernel[grid](*args, **kwargs)
-        return
-    stream = driver.active.get_current_stream(device)
-    size = len(grid)
-    # No launch metadata and no hooks (both chains are empty): the launcher then skips them, as `run`'s would.
-    compiled.run(grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, compiled.function,
-                 compiled.packed_metadata, None, None, None, *bound.values())
-
-
-def compiled_call(kernel, *args, **kwargs) -> Optional[tuple]:
-    """(compiled kernel, its launcher's bound arguments, device) that `launch(kernel, grid, *args, **kwargs)` runs
-    now, found by the same binder and key; None where `launch` would take Triton's own path (not compiled yet,
-    hooks, another Triton, the interpreter, DETENT_LAUNCH=triton). For callers that replay one call shape's launch
-    with only its tensors changed (`matmul_wgmma`)."""
-    parts = None if interpreting() else _fast_launch_parts()
-    if parts is None or kernel.pre_run_hooks or env("DETENT_LAUNCH") == "triton":
-        return None
-    driver, cache_key, knobs, compiled_type = parts
-    if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
-        return None
-    device = driver.active.get_current_device()
-    kernel_cache, key_cache, _, _, binder = kernel.device_caches[device]
-    options = dict(kwargs, debug=kwargs.get("debug", kernel.debug) or knobs.runtime.debug,
-                   instrumentation_mode=knobs.compilation.instrumentation_mode)
-    bound, specialization, options = binder(*args, **options)
-    compiled = kernel_cache.get(cache_key(key_cache, specialization, options))
     if type(compiled) is not compiled_type:
         return None
-    return compiled, list(bound.values()), device
-
-
-def replay_ok() -> bool:
-    """Whether a call recorded by `compiled_call` may be replayed now: the same conditions as `launch`'s own path
-    (launch hooks added since, DETENT_LAUNCH=triton)."""
-    parts = _fast_launch_parts()
-    if parts is None or env("DETENT_LAUNCH") == "triton":
-        return False
-    knobs = parts[2]
-    return not (_hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook))
+    return compiled, bound.values(), device
 
 
 _MAX_MAPS = 8192
@@ -133,9 +119,9 @@ class Recorded:
         self.raw, self.head, self.template, self.device, self.grid = raw, head, template, device, grid
 
     @classmethod
-    def of(cls, kernel, grid: tuple, args: tuple, kwargs: dict, roles: dict) -> Optional["Recorded"]:
+    def of(cls, kernel, grid: tuple, args: tuple, kwargs: dict, roles: dict) -> "Recorded | None | bool":
         """The record of `launch(kernel, grid, *args, **kwargs)` just made; None where it took Triton's own path
-        (not compiled yet, hooks: ask again at a later launch); `NEVER` where this launch cannot be replayed (a
+        (not compiled yet, hooks: ask again at a later launch); False where this launch cannot be replayed (a
         launcher with scratch memory or clusters, descriptors not lowered to TMA, a tensor without a role)."""
         found = compiled_call(kernel, *args, **kwargs)
         if found is None:
@@ -143,16 +129,16 @@ class Recorded:
         return cls._of(*found, grid, roles)
 
     @classmethod
-    def _of(cls, compiled, bound, device, grid, roles) -> "Recorded":
+    def _of(cls, compiled, bound, device, grid, roles) -> "Recorded | bool":
         run = compiled.run
         if run.global_scratch_size or run.profile_scratch_size or getattr(run, "num_ctas", 1) != 1:
-            return NEVER
+            return False
         raw, metas, indices = run.launch, [], set()
         if hasattr(raw, "__code__"):  # Triton's wrapper that encodes host TMA descriptors around the C launcher
             cells = dict(zip(raw.__code__.co_freevars, (c.cell_contents for c in raw.__closure__ or ())))
             raw, metas, indices = cells.get("launcher"), cells.get("tensordesc_meta"), cells.get("tensordesc_indices")
             if raw is None or not metas or None in metas or indices is None:
-                return NEVER
+                return False
         from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
 
         template, k = [], 0
@@ -161,7 +147,7 @@ class Recorded:
                 meta = metas[k]
                 k += 1
                 if meta["fp4_padded"] or id(value.base) not in roles:
-                    return NEVER
+                    return False
                 tma = (meta["swizzle"], meta["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
                        tuple(meta["block_size"]))
                 template.append(("map", roles[id(value.base)], tma, tuple(value.shape), tuple(value.strides),
@@ -169,7 +155,7 @@ class Recorded:
             elif id(value) in roles:
                 template.append(("tensor", roles[id(value)]))
             elif hasattr(value, "data_ptr"):  # a tensor without a role: it would be replayed stale
-                return NEVER
+                return False
             else:
                 template.append(("value", value))
         head = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, compiled.packed_metadata)
@@ -177,9 +163,10 @@ class Recorded:
 
     def __call__(self, tensors: dict, cached: tuple = ()) -> bool:
         """Launch with `tensors` (role -> tensor); False (nothing launched) where a replay is not allowed now."""
-        if not replay_ok():
+        parts = _usable_parts()
+        if parts is None:
             return False
-        active = _fast_launch_parts()[0].active
+        active = parts[0].active
         if active.get_current_device() != self.device:
             return False
         function, cooperative, launch_pdl, packed = self.head
@@ -235,12 +222,3 @@ def counting_compiles() -> Iterator[list[str]]:
     finally:
         JITFunction._do_compile = real
 
-
-class _Never:
-    """A launch that cannot be replayed: every call declines (the caller launches through `launch`)."""
-
-    def __call__(self, tensors: dict, cached: tuple = ()) -> bool:
-        return False
-
-
-NEVER = _Never()
