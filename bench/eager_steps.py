@@ -9,8 +9,9 @@ Each arm's engine is warmed up (`Engine.warmup`: nothing compiles in a timed ste
 timed, each `--steps` times synced: a mixed step (47 decode rows beside a 256-token prefill chunk), a 4 x 256
 prefill, and 48 rows of one or two tokens run eagerly. Prints each arm's median ms a step, its ratio to stock
 and the rounds' range. `--linear-from FILE` adds the arm `tuned (FILE)`: the same engine with `linear_wgmma`
-taken from another version of kernels/matmul_wgmma.py (e.g. `git show HEAD~1:kernels/matmul_wgmma.py >
-old.py`), an A/B of the warpgroup linear's host path in one process. On the CPU it runs too (slowly: use
+taken from a file of another version that defines it (kernels/matmul_wgmma_plan.py; before session 32's plans,
+kernels/matmul_wgmma.py: `git show fbaf460:kernels/matmul_wgmma.py > old.py`), an A/B of the warpgroup linear's host
+path in one process. On the CPU it runs too (slowly: use
 `--model tiny --commitment ''`: the default tuple, arm `detent`), without warm-up or warpgroup kernels."""
 from __future__ import annotations
 
@@ -27,21 +28,12 @@ from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.models import load_model
 from detent_rl.models.builtin import builtin_checkpoint
 from detent_rl.rollout.engine import Engine
-from detent_rl.rollout.scheduler import Span
-from detent_rl.rollout.sequence import SamplingParams, Sequence
+from detent_rl.rollout.warmup import synthetic_spans
+from detent_rl.timing import sync
 
+# (cached, new) tokens of each sequence
 SHAPES = {"mixed 47 x 1 + 256": [(300, 1)] * 47 + [(0, 256)], "prefill 4 x 256": [(0, 256)] * 4,
           "eager 48 rows": [(300, 1)] * 47 + [(0, 2)]}
-
-
-def spans_of(shape: list[tuple[int, int]], vocab: int) -> list[Span]:
-    """A step's spans: (tokens already cached, tokens this step) a sequence, with fixed pages."""
-    out = []
-    for i, (cached, new) in enumerate(shape):
-        seq = Sequence([(5 * i + j) % min(vocab, 1000) for j in range(cached + new)], SamplingParams(seed=i), 16)
-        seq.block_table = list(range(-(-(cached + new) // 16)))
-        out.append(Span(seq, cached, new, True))
-    return out
 
 
 def main() -> None:
@@ -78,17 +70,16 @@ def main() -> None:
                 if linear_wgmma is not None:
                     MM.linear_wgmma = linear_wgmma
                 for name, shape in SHAPES.items():
-                    spans = spans_of(shape, engines[arm].model.config.vocab_size)
+                    pages = -(-max(c + n for c, n in shape) // engines[arm].model.page_size)
+                    spans = synthetic_spans(engines[arm], [n for _, n in shape], [c for c, _ in shape], pages)
                     for _ in range(2):
                         engines[arm]._step(spans)
-                    if device == "cuda":
-                        torch.cuda.synchronize()
+                    sync(torch.device(device))
                     gc.collect()
                     t0 = time.perf_counter()
                     for _ in range(args.steps):
                         engines[arm]._step(spans)
-                    if device == "cuda":
-                        torch.cuda.synchronize()
+                    sync(torch.device(device))
                     times[(label, name)].append((time.perf_counter() - t0) / args.steps * 1e3)
     finally:
         MM.linear_wgmma = ours

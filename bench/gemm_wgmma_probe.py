@@ -3,7 +3,7 @@
     python3 -P bench/gemm_wgmma_probe.py [--ms 128,256,512,2048,8192] [--cases down05,down15,...] [--no-triton]
 
 For each site and M: cuBLAS, `linear`'s best sequential and parallel schedules (the plain Triton
-kernel), and `matmul_wgmma.linear_wgmma` at each tile / BLOCK_K / ring depth, swapped (`swap_ab`: x's rows
+kernel), and `matmul_wgmma_plan.linear_wgmma` at each tile / BLOCK_K / ring depth, swapped (`swap_ab`: x's rows
 in the MMA's N slot) at M <= 128, and where K is cut the parallel form (`split`: each tile's chunks in their
 own programs, fp32 sums added in order after; `S`), each also persistent (`persistent`: as many programs as
 the SMs hold, a few units each; `P` in the listing) where its units outnumber the SMs, every output compared bit for
@@ -21,7 +21,8 @@ import triton
 import triton.testing
 
 from detent_rl.kernels.matmul import linear
-from detent_rl.kernels.matmul_wgmma import applies, linear_wgmma, tile_fits
+from detent_rl.kernels.matmul_wgmma import applies, tile_fits
+from detent_rl.kernels.matmul_wgmma_plan import linear_wgmma
 from detent_rl.timing import cold_copies
 
 CASES = {  # n, k, bias, chunk (the default tuple's partition)

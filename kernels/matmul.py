@@ -30,8 +30,8 @@ import torch
 from detent_rl.kernels._triton import interpreting, pdl, pdl_enter, tl, triton
 from detent_rl.kernels.launch import launch
 from detent_rl.kernels.matmul_wgmma import applies as wgmma_applies
-from detent_rl.kernels.matmul_wgmma import linear_wgmma
 from detent_rl.kernels.matmul_wgmma import tile_fits as wgmma_tile_fits
+from detent_rl.kernels.matmul_wgmma_plan import linear_wgmma
 
 
 @triton.jit
@@ -199,7 +199,7 @@ def _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group
 def combine_splits(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> tuple:
     """`out = ws[0] + ws[1] + ... (+ bias)`, the fp32 partials [splits, rows >= M, N] (out's first M
     rows of each; contiguous) added in split order. Returns the launch (kernel, grid, arguments, keyword
-    arguments), for a caller that records it (`matmul_wgmma`)."""
+    arguments), for a caller that records it (`matmul_wgmma_plan`)."""
     M, N = out.shape
     splits = ws.shape[0]
     assert ws.shape[1] >= M and ws.shape[2] == N and ws.is_contiguous()

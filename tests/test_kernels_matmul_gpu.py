@@ -116,7 +116,8 @@ def test_wgmma_sequential_form_keeps_the_bits(n, k, bias):
     columns; swapped, x's 16-64 rows in the MMA's N slot), ring depths and BLOCK_K, one tile a program or
     persistent (a program's tiles in turn, the ring running on across them); control: the partition still
     decides the bits (K whole differs from 128-element chunks)."""
-    from detent_rl.kernels.matmul_wgmma import applies, linear_wgmma, tile_fits
+    from detent_rl.kernels.matmul_wgmma import applies, tile_fits
+    from detent_rl.kernels.matmul_wgmma_plan import linear_wgmma
     rows = 256 if n > 100_000 else 2048
     x, w, b = _data(n, k, bias, torch.bfloat16, rows)
     if not applies(x, w, 64):
@@ -153,7 +154,8 @@ def test_wgmma_parallel_form_keeps_the_bits(n, k, bias):
     sums then added in chunk order (`combine_splits`). Rows equal the Triton kernel's of the same partition
     at ragged M, for tiles of 64 and 128 rows, one unit a program or persistent (7 programs: each several
     units, chunks of several tiles); control: another partition rounds differently."""
-    from detent_rl.kernels.matmul_wgmma import applies, linear_wgmma
+    from detent_rl.kernels.matmul_wgmma import applies
+    from detent_rl.kernels.matmul_wgmma_plan import linear_wgmma
     x, w, b = _data(n, k, bias, torch.bfloat16, 1000)
     if not applies(x, w, 64):
         pytest.skip("warpgroup MMAs need an sm_90 GPU and Triton's Gluon")
@@ -208,6 +210,7 @@ def test_wgmma_replayed_launch_is_tritons_own(n, k, bias, form, monkeypatch):
     bit for bit, for new activations, another weight of the same shape, and inside a CUDA graph. Control: a
     weight descriptor left stale (another weight's address) is seen."""
     from detent_rl.kernels import matmul_wgmma as MW
+    from detent_rl.kernels.matmul_wgmma_plan import linear_wgmma
 
     if not MW.HAS_GLUON or not MW._is_sm90(torch.device("cuda")):
         pytest.skip("the warpgroup kernel runs on sm_90")
@@ -221,7 +224,7 @@ def test_wgmma_replayed_launch_is_tritons_own(n, k, bias, form, monkeypatch):
                         or replays[-1])
 
     def run(xx, ww):
-        return MW.linear_wgmma(xx, ww, b, **form)
+        return linear_wgmma(xx, ww, b, **form)
 
     with monkeypatch.context() as m:
         m.setenv("DETENT_LAUNCH", "triton")
