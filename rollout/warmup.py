@@ -128,6 +128,18 @@ def planned_steps(engine: "Engine") -> list[tuple[list[int], list[int], int]]:
     return out
 
 
+def synthetic_spans(engine: "Engine", q_lens: list[int], cached: list[int], width: int) -> list[Span]:
+    """A step of synthetic sequences for `engine._step`: sequence i computes `q_lens[i]` tokens after `cached[i]`
+    (their keys written into pages 0..`width` - 1, which every such sequence shares), each sampling its last."""
+    vocab, page = engine.model.config.vocab_size, engine.model.page_size
+    spans = []
+    for i, (n, c) in enumerate(zip(q_lens, cached)):
+        seq = Sequence([(7 * i + j) % vocab for j in range(c + n)], SamplingParams(seed=i), page)
+        seq.block_table = list(range(width))
+        spans.append(Span(seq, c, n, True))
+    return spans
+
+
 def warmup(engine: "Engine", temperatures: tuple[float | None, ...] = (1.0,)) -> dict:
     """Run one synthetic step of every step class (`planned_steps`) and capture every decode graph size at each
     of `temperatures` (the graphs that sample: a request's temperature, greedy as 1.0; None: the graphs that
@@ -138,17 +150,11 @@ def warmup(engine: "Engine", temperatures: tuple[float | None, ...] = (1.0,)) ->
     t0 = time.perf_counter()
     if engine.released:
         engine._resume_memory()
-    model, page = engine.model, engine.model.page_size
-    vocab = model.config.vocab_size
+    model = engine.model
     steps = planned_steps(engine)
     with torch.inference_mode(), counting_compiles() as compiled:
         for q_lens, cached, width in steps:
-            spans = []
-            for i, (n, c) in enumerate(zip(q_lens, cached)):
-                seq = Sequence([(7 * i + j) % vocab for j in range(c + n)], SamplingParams(seed=i), page)
-                seq.block_table = list(range(width))  # every warm-up sequence shares these pages
-                spans.append(Span(seq, c, n, True))
-            engine._step(spans)
+            engine._step(synthetic_spans(engine, q_lens, cached, width))
         graphs = 0
         if engine.graphs is not None and engine.graphs.capture:
             for t in temperatures:
