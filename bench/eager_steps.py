@@ -3,15 +3,14 @@ and mixed steps are not graph replays: their host time is the step's).
 
     PYTHONPATH=$(bash bench/link_package.sh .) python -P bench/eager_steps.py [--model qwen2-0.5b]
         [--commitment bench/tuned/h200_qwen2-0.5b_grpo32x8.json] [--rounds 5] [--steps 10]
-        [--linear-from OLD_MATMUL_WGMMA.py]
+        [--linear-from OLD_MATMUL.py]
 
 Each arm's engine is warmed up (`Engine.warmup`: nothing compiles in a timed step), then three steps are
 timed, each `--steps` times synced: a mixed step (47 decode rows beside a 256-token prefill chunk), a 4 x 256
 prefill, and 48 rows of one or two tokens run eagerly. Prints each arm's median ms a step, its ratio to stock
-and the rounds' range. `--linear-from FILE` adds the arm `tuned (FILE)`: the same engine with `linear_wgmma`
-taken from a file of another version that defines it (kernels/matmul_wgmma_plan.py; before session 32's plans,
-kernels/matmul_wgmma.py: `git show fbaf460:kernels/matmul_wgmma.py > old.py`), an A/B of the warpgroup linear's host
-path in one process. On the CPU it runs too (slowly: use
+and the rounds' range. `--linear-from FILE` adds the arm `tuned (FILE)`: the same engine with `linear` taken
+from another version of kernels/matmul.py (`git show 4d595e0:kernels/matmul.py > old.py`: before session 33's
+routes), an A/B of the linear's host path in one process. On the CPU it runs too (slowly: use
 `--model tiny --commitment ''`: the default tuple, arm `detent`), without warm-up or warpgroup kernels."""
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ import time
 
 import torch
 
-from detent_rl.kernels import matmul as MM
+from detent_rl.kernels import autograd
 from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.models import load_model
 from detent_rl.models.builtin import builtin_checkpoint
@@ -56,19 +55,19 @@ def main() -> None:
         engines[arm] = Engine.for_requests(model, 64, 784, 64)
         if device == "cuda":
             engines[arm].warmup()
-    ours = MM.linear_wgmma
+    ours = autograd.linear  # what the layers' no-grad linears call
     arms = [("stock", "stock", None), (pinned, pinned, ours)]
     if args.linear_from:
         spec = importlib.util.spec_from_file_location("linear_from", args.linear_from)
         other = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(other)
-        arms.insert(1, (f"{pinned} ({args.linear_from})", pinned, other.linear_wgmma))
+        arms.insert(1, (f"{pinned} ({args.linear_from})", pinned, other.linear))
     times: dict = {(label, s): [] for label, _, _ in arms for s in SHAPES}
     try:
         for _ in range(args.rounds):
-            for label, arm, linear_wgmma in arms:
-                if linear_wgmma is not None:
-                    MM.linear_wgmma = linear_wgmma
+            for label, arm, linear in arms:
+                if linear is not None:
+                    autograd.linear = linear
                 for name, shape in SHAPES.items():
                     pages = -(-max(c + n for c, n in shape) // engines[arm].model.page_size)
                     spans = synthetic_spans(engines[arm], [n for _, n in shape], [c for c, _ in shape], pages)
@@ -82,7 +81,7 @@ def main() -> None:
                     sync(torch.device(device))
                     times[(label, name)].append((time.perf_counter() - t0) / args.steps * 1e3)
     finally:
-        MM.linear_wgmma = ours
+        autograd.linear = ours
     for name in SHAPES:
         base = statistics.median(times[("stock", name)])
         cells = [f"{label} {statistics.median(ts):.2f} ms ({statistics.median(ts) / base:.2f}x; "

@@ -99,7 +99,7 @@ def compiled_call(kernel, *args, **kwargs) -> Optional[tuple]:
 
 
 _MAX_MAPS = 8192
-_TMA_MAPS: dict = {}  # (address, shape, strides, TMA parameters) -> an encoded TMA descriptor of a long-lived tensor
+_TMA_MAPS: dict = {}  # (address, a recorded descriptor's slot) -> the TMA descriptor encoded for it
 
 
 class Recorded:
@@ -109,14 +109,16 @@ class Recorded:
     kernel's specialisation reads (the integer arguments' values, the pointers' 16-byte alignment, the
     descriptors' shapes and strides) and the grid. Each tensor argument, or the tensor behind a host TMA
     descriptor, has a role (`roles`: id of the recorded call's object -> name); a later launch names its tensors
-    by role. The descriptors of the roles in `cached` (long-lived tensors: weights) are encoded once per address
-    (a descriptor is a pure function of the address, shape, strides and TMA parameters it is keyed by), the others
-    per launch, as Triton's launcher would encode them."""
+    by role. A TMA descriptor is a pure function of its address and of what the slot fixes (shape, strides, TMA
+    parameters), so each slot's is encoded once per address and kept (`_TMA_MAPS`): a weight's for good, an
+    activation's while the caching allocator hands its block out again (Triton's wrapper encodes every one at every
+    launch, ~1.5 µs each)."""
 
-    __slots__ = ("raw", "head", "template", "device", "grid")
+    __slots__ = ("raw", "base", "tensor_slots", "map_slots", "device")
 
-    def __init__(self, raw, head, template, device, grid):
-        self.raw, self.head, self.template, self.device, self.grid = raw, head, template, device, grid
+    def __init__(self, raw, base, tensor_slots, map_slots, device):
+        self.raw, self.base, self.device = raw, base, device
+        self.tensor_slots, self.map_slots = tensor_slots, map_slots
 
     @classmethod
     def of(cls, kernel, grid: tuple, args: tuple, kwargs: dict, roles: dict) -> "Recorded | None | bool":
@@ -141,27 +143,34 @@ class Recorded:
                 return False
         from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
 
-        template, k = [], 0
+        # the launcher's arguments: grid, stream (per launch), function, cooperative, PDL, no metadata or hooks,
+        # then the kernel's, each descriptor as its encoded map followed by its shape and strides
+        base = [*grid, *(1,) * (3 - len(grid)), None, compiled.function, run.launch_cooperative_grid,
+                run.launch_pdl, None, None, compiled.packed_metadata, None, None, None]
+        tensor_slots, map_slots, k = [], [], 0
         for i, value in enumerate(bound):
             if i in indices:
                 meta = metas[k]
                 k += 1
                 if meta["fp4_padded"] or id(value.base) not in roles:
                     return False
-                tma = (meta["swizzle"], meta["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
-                       tuple(meta["block_size"]))
-                template.append(("map", roles[id(value.base)], tma, tuple(value.shape), tuple(value.strides),
-                                 1 if value.padding == "nan" else 0))
+                fill = (meta["swizzle"], meta["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
+                        list(meta["block_size"]), list(value.shape), list(value.strides),
+                        1 if value.padding == "nan" else 0)
+                # the slot's own key object (hashed by identity, where the fixed part of `fill` would be hashed
+                # anew at every launch)
+                map_slots.append((len(base), roles[id(value.base)], object(), fill))
+                base.extend((None, *value.shape, *value.strides))
             elif id(value) in roles:
-                template.append(("tensor", roles[id(value)]))
+                tensor_slots.append((len(base), roles[id(value)]))
+                base.append(None)
             elif hasattr(value, "data_ptr"):  # a tensor without a role: it would be replayed stale
                 return False
             else:
-                template.append(("value", value))
-        head = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, compiled.packed_metadata)
-        return cls(raw, head, template, device, tuple(grid) + (1,) * (3 - len(grid)))
+                base.append(value)
+        return cls(raw, base, tuple(tensor_slots), tuple(map_slots), device)
 
-    def __call__(self, tensors: dict, cached: tuple = ()) -> bool:
+    def __call__(self, tensors: dict) -> bool:
         """Launch with `tensors` (role -> tensor); False (nothing launched) where a replay is not allowed now."""
         parts = _usable_parts()
         if parts is None:
@@ -169,32 +178,18 @@ class Recorded:
         active = parts[0].active
         if active.get_current_device() != self.device:
             return False
-        function, cooperative, launch_pdl, packed = self.head
-        final = [*self.grid, active.get_current_stream(self.device), function, cooperative, launch_pdl, None, None,
-                 packed, None, None, None]
-        fill = active.utils.fill_tma_descriptor
-        for entry in self.template:
-            kind = entry[0]
-            if kind == "value":
-                final.append(entry[1])
-            elif kind == "tensor":
-                final.append(tensors[entry[1]])
-            else:
-                _, role, tma, shape, strides, padding = entry
-                address = tensors[role].data_ptr()
-                if role in cached:
-                    key = (address, shape, strides, tma)
-                    cu_map = _TMA_MAPS.get(key)
-                    if cu_map is None:
-                        if len(_TMA_MAPS) >= _MAX_MAPS:
-                            _TMA_MAPS.clear()
-                        cu_map = _TMA_MAPS[key] = fill(address, *tma[:3], list(tma[3]), list(shape), list(strides),
-                                                       padding)
-                else:
-                    cu_map = fill(address, *tma[:3], list(tma[3]), list(shape), list(strides), padding)
-                final.append(cu_map)
-                final.extend(shape)
-                final.extend(strides)
+        final = self.base.copy()
+        final[3] = active.get_current_stream(self.device)
+        for at, role in self.tensor_slots:
+            final[at] = tensors[role]
+        for at, role, slot, fill in self.map_slots:
+            address = tensors[role].data_ptr()
+            cu_map = _TMA_MAPS.get((address, slot))
+            if cu_map is None:
+                if len(_TMA_MAPS) >= _MAX_MAPS:
+                    _TMA_MAPS.clear()
+                cu_map = _TMA_MAPS[address, slot] = active.utils.fill_tma_descriptor(address, *fill)
+            final[at] = cu_map
         self.raw(*final)
         return True
 

@@ -27,11 +27,11 @@ from typing import Any
 
 import torch
 
-from detent_rl.kernels._triton import interpreting, pdl, pdl_enter, tl, triton
+from detent_rl.kernels._triton import env, interpreting, pdl, pdl_enter, tl, triton
 from detent_rl.kernels.launch import launch
 from detent_rl.kernels.matmul_wgmma import applies as wgmma_applies
 from detent_rl.kernels.matmul_wgmma import tile_fits as wgmma_tile_fits
-from detent_rl.kernels.matmul_wgmma_plan import linear_wgmma
+from detent_rl.kernels.matmul_wgmma_plan import plan_wgmma
 
 
 @triton.jit
@@ -149,7 +149,20 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     in chunk order: models/parallel.py); default x's dtype. `swap_ab` (with `wgmma`) computes each tile
     transposed in the warpgroup kernel (`matmul_wgmma`); where that kernel does not run, the same tile
     runs the Triton kernel: the same bits. `persistent` (with `wgmma`) runs the warpgroup kernel's tiles a
-    few to a program, as many programs as the SMs hold (bit-neutral too)."""
+    few to a program, as many programs as the SMs hold (bit-neutral too).
+
+    A CUDA call that took the warpgroup kernel keeps its plan under a key of everything the checks and the
+    plan read (`_ROUTES`): the same call again (a step's next layer, the next step) goes straight to the plan,
+    ~10 µs of host time less (docs/BENCHMARKS.md, session 33)."""
+    route = None
+    if x.is_cuda:
+        held = None if bias is None else (bias.shape, bias.dtype, bias.device, bias.data_ptr() % 16)
+        route = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16, w.shape, w.stride(), w.dtype, w.device,
+                 w.data_ptr() % 16, held, chunk, parallel, block_m, block_n, block_k, group_m, num_stages, wgmma,
+                 swap_ab, persistent, out_dtype, env("DETENT_PDL", "1"))
+        plan = _ROUTES.get(route)
+        if plan is not None:
+            return plan(x, w, bias)
     check_operands(x, w, bias)
     assert chunk > 0 and block_m > 0 and block_n > 0 and block_k > 0
     assert chunk % block_k == 0, f"chunk {chunk} must be whole BLOCK_K {block_k} blocks"
@@ -164,13 +177,22 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     if (wgmma and out_dtype == x.dtype and x.is_cuda and wgmma_applies(x, w, block_k)
             and (not split or (not swap_ab and w.shape[0] % 4 == 0))
             and wgmma_tile_fits(block_m, block_n, chunk < x.shape[1] and not split, swap_ab)):
-        return linear_wgmma(x, w, bias, chunk=chunk, block_k=block_k, group_m=group_m, num_buffers=num_stages,
-                            pdl=pdl(x)["PDL"], block_m=block_m, block_n=block_n, swap_ab=swap_ab,
-                            persistent=persistent, split=split)
+        plan = plan_wgmma(x, w, bias, chunk=chunk, block_k=block_k, group_m=group_m, num_buffers=num_stages,
+                          pdl=pdl(x)["PDL"], block_m=block_m, block_n=block_n, swap_ab=swap_ab, persistent=persistent,
+                          split=split)
+        if route is not None:
+            if len(_ROUTES) >= _MAX_ROUTES:
+                _ROUTES.clear()
+            _ROUTES[route] = plan
+        return plan(x, w, bias)
     if x.is_cuda or interpreting():
         return _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps,
                               num_stages, flat, out_dtype)
     return _linear_cpu(x, w, bias, chunk, out_dtype)
+
+
+_MAX_ROUTES = 8192
+_ROUTES: dict = {}  # a CUDA call's key (`linear`) -> the warpgroup plan (`matmul_wgmma_plan._Plan`) that runs it
 
 
 def _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group_m, num_warps, num_stages,

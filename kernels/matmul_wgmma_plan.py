@@ -3,12 +3,15 @@
 A call shape (M, N, K, strides, the bias's alignment, the schedule) gets a `_Plan`: the ring depth shared memory
 allows, the grid (a persistent launch's from the multiprocessors' resident CTAs), the constexprs. Its first compiled
 launch is recorded (`launch.Recorded`) and later ones go straight into Triton's launcher with the tensors swapped in:
-~40 µs of host time a call against ~130 through Triton's descriptors and `run` (docs/BENCHMARKS.md, session 32).
+~40 µs of host time a call against ~130 through Triton's descriptors and `run` (docs/BENCHMARKS.md, session 32);
+with `matmul.linear`'s routes and every descriptor kept per address, ~24 against cuBLAS's ~18 (session 33).
 """
 from __future__ import annotations
 
 import functools
 from typing import Any
+
+import torch
 
 from detent_rl.kernels.matmul_wgmma import HAS_GLUON, SMEM_BYTES, tile_fits
 
@@ -31,8 +34,6 @@ def _smem_layout(rows: int, cols: int, dt: Any) -> Any:
 
 @functools.lru_cache(maxsize=None)
 def _num_sms(device: Any) -> int:
-    import torch
-
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
@@ -45,9 +46,7 @@ def _resident_ctas(compiled: Any, num_warps: int) -> int:
     return max(1, min(by_smem, by_regs))
 
 
-def linear_wgmma(x: Any, w: Any, bias: Any = None, *, chunk: int, block_k: int = 64, group_m: int = 8,
-                 num_buffers: int = 4, pdl: bool = False, block_m: int = 128, block_n: int = 128,
-                 swap_ab: bool = False, persistent: bool = False, programs: int = 0, split: bool = False) -> Any:
+def linear_wgmma(x: Any, w: Any, bias: Any = None, **schedule: Any) -> Any:
     """`x @ w.T + bias` under `linear`'s K partition `chunk` (a multiple of `block_k`), in `block_m` x
     `block_n` output tiles (`tile_fits`) with warpgroup MMAs: the same fp32 operations, so the same bits,
     as `linear` at any schedule. With `swap_ab` each MMA computes the tile transposed (w's rows as its A
@@ -61,11 +60,17 @@ def linear_wgmma(x: Any, w: Any, bias: Any = None, *, chunk: int, block_k: int =
     tiles' arithmetic is unchanged.
 
     A call shape's launch is planned once (`_Plan`: tiles, ring, grid, the compiled kernel and its launcher's
-    arguments) and replayed with only the tensors' addresses changed: the weights' TMA descriptors are encoded
-    once, the activations' straight into the launcher's arguments (docs/BENCHMARKS.md, session 32: ~130 µs of
-    host time a call before, against ~20 for cuBLAS)."""
-    import torch
+    arguments) and replayed with only the tensors' addresses changed, each TMA descriptor encoded once per address
+    (docs/BENCHMARKS.md, session 32: ~130 µs of host time a call before, against ~20 for cuBLAS)."""
+    return plan_wgmma(x, w, bias, **schedule)(x, w, bias)
 
+
+def plan_wgmma(x: Any, w: Any, bias: Any = None, *, chunk: int, block_k: int = 64, group_m: int = 8,
+               num_buffers: int = 4, pdl: bool = False, block_m: int = 128, block_n: int = 128, swap_ab: bool = False,
+               persistent: bool = False, programs: int = 0, split: bool = False) -> "_Plan":
+    """The `_Plan` of `linear_wgmma`'s call shape, made on its first call (`schedule`: `chunk`, `block_k`, ...,
+    `split`, as `linear_wgmma` describes them): `plan(x, w, bias)` runs this call or any other of the shape
+    (`matmul.linear` keeps the plan per call and skips this lookup)."""
     M, K = x.shape
     N = w.shape[0]
     # (the bias's 16-byte alignment too: Triton specialises a pointer argument on it)
@@ -77,12 +82,7 @@ def linear_wgmma(x: Any, w: Any, bias: Any = None, *, chunk: int, block_k: int =
             _PLANS.clear()
         plan = _PLANS[key] = _Plan(x, w, bias, chunk, block_k, group_m, num_buffers, pdl, block_m, block_n, swap_ab,
                                    persistent, programs, split)
-    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if M == 0:
-        return out
-    ws = torch.empty(plan.ws_shape, dtype=torch.float32, device=x.device) if plan.splits > 1 else None
-    plan.launch(x, w, bias, out, ws)
-    return out
+    return plan
 
 
 _MAX_PLANS = 8192
@@ -96,7 +96,7 @@ class _Plan:
     later launches of the shape run straight into Triton's launcher with the tensors swapped in: the same
     compiled variant and the same arguments Triton's own path would pass (its specialisation reads nothing the
     key does not fix: M, N, the strides, the bias's alignment; the operands' is checked by `applies`, and
-    torch's allocations' is 256 bytes), so the same bits. The weights' descriptors are encoded once."""
+    torch's allocations' is 256 bytes), so the same bits. Each descriptor is encoded once per address."""
 
     def __init__(self, x, w, bias, chunk, block_k, group_m, num_buffers, pdl, block_m, block_n, swap_ab, persistent,
                  programs, split):
@@ -120,6 +120,7 @@ class _Plan:
         assert num_buffers >= 2, "a slot for the MMA in flight and one loading"
         self.ws_rows = triton.cdiv(M, block_m) * block_m if splits > 1 else 0  # whole tiles a chunk's slice
         self.ws_shape = (splits, self.ws_rows, N)
+        self.out_shape = (M, N)
         self.blocks = (block_m, block_n, block_k)
         self.swap_ab, self.persistent, self.programs = swap_ab, persistent, programs
         tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
@@ -133,9 +134,16 @@ class _Plan:
         # the launches recorded (`launch.Recorded`): the kernel's, the combine's; None: not yet, False: never
         self.kernel = self.combine = None
 
-    def _descriptors(self, x, w, out, ws):
-        import torch
+    def __call__(self, x, w, bias):
+        """`x @ w.T (+ bias)`, a new tensor, for operands of this plan's call shape."""
+        out = x.new_empty(self.out_shape)
+        if self.out_shape[0] == 0:
+            return out
+        ws = x.new_empty(self.ws_shape, dtype=torch.float32) if self.splits > 1 else None
+        self.launch(x, w, bias, out, ws)
+        return out
 
+    def _descriptors(self, x, w, out, ws):
         block_m, block_n, block_k = self.blocks
         dt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
 
@@ -160,7 +168,7 @@ class _Plan:
         from detent_rl.kernels.launch import Recorded, launch
 
         tensors = {"x": x, "w": w, "out": out, "ws": ws, "bias": bias}
-        if self.kernel and self.kernel(tensors, cached=("w",)):
+        if self.kernel and self.kernel(tensors):
             if ws is not None and not (self.combine and self.combine(tensors)):
                 self._combine(tensors)
             return

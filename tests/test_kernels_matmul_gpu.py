@@ -255,3 +255,57 @@ def test_wgmma_replayed_launch_is_tritons_own(n, k, bias, form, monkeypatch):
     stale = run(x[:300], w2)
     _launch._TMA_MAPS.clear()
     assert torch.equal(stale, own[0]) and not torch.equal(stale, own[2]), "control: a stale descriptor must show"
+
+
+def test_linear_route_skips_only_what_its_key_fixes(monkeypatch):
+    """`linear` keeps a warpgroup call's plan under its key (`_ROUTES`): a repeat of the call goes straight to the
+    plan (no operand checks) with bits equal to the Triton kernel's at the same partition, for new data and another
+    weight of the same shape; a call differing in anything the checks read takes the checked path again (an x
+    misaligned for TMA: the Triton kernel; rows twice as far apart: a plan of their own; a bias of another dtype:
+    the operand check's error), as does a change of DETENT_PDL. Control: with the route's key made blind to x's row
+    stride, the strided call is sent to the contiguous call's plan, whose descriptor reads the wrong rows."""
+    from detent_rl.kernels import matmul as MM
+    from detent_rl.kernels import matmul_wgmma as MW
+
+    if not MW.HAS_GLUON or not MW._is_sm90(torch.device("cuda")):
+        pytest.skip("the warpgroup kernel runs on sm_90")
+    n, k = 1152, 896
+    x, w, b = _data(n, k, True, torch.bfloat16, 300)
+    w2 = torch.roll(w, 1, 0).contiguous()
+    p = dict(chunk=896, parallel=False, block_m=64, block_n=64, block_k=64, num_stages=4, wgmma=True)
+    checked = []
+    real_check = MM.check_operands
+    monkeypatch.setattr(MM, "check_operands", lambda *a: checked.append(1) or real_check(*a))
+    MM._ROUTES.clear()
+    want = {i: linear(xx, ww, b, **dict(p, wgmma=False)) for i, (xx, ww) in enumerate(((x, w), (x.flip(0), w),
+                                                                                      (x, w2)))}
+    checked.clear()
+    for i, (xx, ww) in enumerate(((x, w), (x.flip(0).contiguous(), w), (x, w2), (x, w))):
+        assert torch.equal(linear(xx, ww, b, **p), want[i % 3]), i
+    assert len(checked) == 1, f"checks ran {len(checked)} times: only the first call's should"
+    # an x the TMA cannot read (2-byte aligned): the checked path, the Triton kernel
+    flat = torch.empty(300 * k + 1, dtype=x.dtype, device="cuda")
+    odd = flat[1:].view(300, k)
+    odd.copy_(x)
+    checked.clear()
+    assert torch.equal(linear(odd, w, b, **p), want[0]) and len(checked) == 1
+    with pytest.raises(AssertionError):
+        linear(x, w, b.float(), **p)
+    monkeypatch.setenv("DETENT_PDL", "0")
+    checked.clear()
+    assert torch.equal(linear(x, w, b, **p), want[0]) and len(checked) == 1
+    # rows twice as far apart: their own plan (another descriptor), the same bits
+    wide = torch.empty(300, 2 * k, dtype=x.dtype, device="cuda")
+    strided = wide[:, :k]
+    strided.copy_(x)
+    assert torch.equal(linear(strided, w, b, **p), want[0])
+    # control: a key blind to x's row stride sends the strided x to the contiguous call's plan
+    monkeypatch.delenv("DETENT_PDL")
+    linear(x, w, b, **p)
+    dense = next(r for r in MM._ROUTES if r[0] == x.shape and r[1] == (k, 1) and r[5] == w.shape and r[-1] == "1")
+    MM._ROUTES[dense[:1] + ((2 * k, 1),) + dense[2:]] = MM._ROUTES[dense]
+    wide.copy_(torch.randn_like(wide))
+    strided.copy_(x)
+    wrong = linear(strided, w, b, **p)
+    MM._ROUTES.clear()
+    assert not torch.equal(wrong, want[0]), "control: a route blind to the row stride must show"
