@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from detent_rl.kernels.launch import Recorded, launch
 from detent_rl.kernels.matmul_wgmma import HAS_GLUON, SMEM_BYTES, tile_fits
 
 if HAS_GLUON:
@@ -165,8 +166,6 @@ class _Plan:
 
     def launch(self, x, w, bias, out, ws) -> None:
         """`x @ w.T (+ bias)` into `out` (through the workspace `ws`, combined, in the parallel form)."""
-        from detent_rl.kernels.launch import Recorded, launch
-
         tensors = {"x": x, "w": w, "out": out, "ws": ws, "bias": bias}
         if self.kernel and self.kernel(tensors):
             if ws is not None and not (self.combine and self.combine(tensors)):
@@ -190,7 +189,6 @@ class _Plan:
             self._combine(tensors)
 
     def _combine(self, tensors: dict) -> None:
-        from detent_rl.kernels.launch import Recorded
         from detent_rl.kernels.matmul import combine_splits  # (matmul imports this module)
 
         kernel, grid, args, kwargs = combine_splits(tensors["ws"], tensors["bias"], tensors["out"])
