@@ -82,7 +82,8 @@ def case_limits(cases: list[str], shapes: Shapes, max_num_tokens: dict[str, int]
 def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_factor: float,
         log: Callable[[str], None] = print, arms: tuple[str, ...] = ARMS,
         stock_pdl: tuple[str, ...] = ("on", "off"), tuned: Optional[dict[str, str]] = None, *,
-        limits: dict[str, dict[str, int]], first: int = 0, poisson_rate: Optional[float] = None) -> dict:
+        limits: dict[str, dict[str, int]], first: int = 0, poisson_rate: Optional[float] = None,
+        step_graphs: bool = False) -> dict:
     """Every case in every arm; the results by case and arm.
 
     The stock arm runs once per `stock_pdl` setting of our kernels' programmatic dependent launch
@@ -96,7 +97,8 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
     The runs go in arm order from the `first`-th (stock's first: 0), so that rounds can each start at
     another arm: whatever a process's first run of a kernel meets (a compile, a cold cache) is not always
     the same arm's. The Poisson trace's arrival rate is `poisson_rate`, else `load_factor` x stock's
-    offline rate, which then needs stock to run first."""
+    offline rate, which then needs stock to run first. `step_graphs`: every arm's engines run prefill and
+    mixed steps through piecewise graphs (`rollout/step_graphs.py`), as vLLM V1 does."""
     results: dict[str, Any] = {"cases": {c: {} for c in cases}, "arms": list(arms), "stock_runs": {}}
     arrivals = None if poisson_rate is None else poisson_arrivals(shapes.poisson_requests, poisson_rate)
     if poisson_rate is not None:
@@ -119,7 +121,8 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
     for arm, pdl, arm_cases, file, lim in runs:
         os.environ["DETENT_PDL"] = "1" if pdl == "on" else "0"  # read at each launch (and graph capture)
         model = load(arm, file, lim)
-        b = Bench(model, shapes)
+        b = Bench(model, shapes, step_graphs)
+        results["step_graphs"] = step_graphs
         if "device" not in results:  # (the same weights in every arm)
             results["device"] = torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"
             nbytes = 1 << 30 if model.device.type == "cuda" else 1 << 27
@@ -226,6 +229,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="run the arms this many times in turn, each round loading them afresh; a ratio is then "
                          "the median of the rounds' paired ratios (gemm runs in the first round only)")
+    ap.add_argument("--step-graphs", default="off", choices=("on", "off"),
+                    help="every arm runs its prefill and mixed steps through piecewise CUDA graphs (rollout/step_graphs.py)")
     ap.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
     ap.add_argument("--out", required=True, help="folder for bench.md, bench.json, bench.png")
     args = ap.parse_args(argv)
@@ -273,7 +278,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     for i in range(args.rounds):  # the files are written after every round: a run cut short keeps what it finished
         done.append(run(load, cases if i == 0 else [c for c in cases if c != "gemm"], shapes, args.load,
                         arms=arms, stock_pdl=stock_pdl, tuned=tuned, limits=limits, first=i,
-                        poisson_rate=done[0].get("poisson_rate_per_s") if done else None))
+                        poisson_rate=done[0].get("poisson_rate_per_s") if done else None,
+                        step_graphs=args.step_graphs == "on"))
         results = merge_rounds(done)
         results.update(model=args.model, dtype=args.dtype, limits=limits, quick=args.quick, rounds_asked=args.rounds,
                        commitment={c: {"file": f, "sha256": tuples[f].sha256()} for c, f in tuned.items()} or None)

@@ -60,14 +60,21 @@ def weight_bytes(model: CausalLM) -> int:
     return sum(seen.values())
 
 
+def _pieced(engine: Engine) -> dict:
+    """{"piece_steps": steps the engine ran through its step graphs (every run's)}, where it has them."""
+    return {} if engine.steps is None else {"piece_steps": sum(engine.steps.runs.values())}
+
+
 class Bench:
-    def __init__(self, model: CausalLM, shapes: Shapes) -> None:
+    def __init__(self, model: CausalLM, shapes: Shapes, step_graphs: bool = False) -> None:
+        """`step_graphs`: every engine runs its prefill and mixed steps through piecewise graphs (the same in
+        every arm: `Engine`'s option)."""
         self.model, self.shapes, self.vocab = model, shapes, model.config.vocab_size
-        self.device = model.device
+        self.device, self.step_graphs = model.device, step_graphs
 
     def _engine(self, sequences: int, tokens: int, batch: int) -> Engine:
         batch = min(batch, self.model.selections.deployment.max_batch)
-        return Engine.for_requests(self.model, sequences, tokens, batch)
+        return Engine.for_requests(self.model, sequences, tokens, batch, step_graphs=self.step_graphs)
 
     def _run(self, engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> list:
         engine.flush_cache()  # every run prefills its prompts
@@ -95,7 +102,7 @@ class Bench:
         engine.flush_cache()
         with counting_compiles() as compiled:
             out = self._serve(engine, arrivals, trace)
-        return {**out, "compiles": len(compiled), "warmup_s": warm["seconds"]}
+        return {**out, "compiles": len(compiled), "warmup_s": warm["seconds"], **_pieced(engine)}
 
     def _serve(self, engine: Engine, arrivals: list[float], trace: list[tuple[list[int], SamplingParams]]) -> dict:
         order = sorted(range(len(trace)), key=lambda i: arrivals[i])
@@ -142,7 +149,7 @@ class Bench:
         timed = phases[1:]  # not the warm-up's
         return {"tok_per_s": len(batch) * new / seconds, "wall_s": seconds,
                 "prefill_s": statistics.median(p for p, _ in timed),
-                "decode_ms_per_step": 1e3 * statistics.median(d for _, d in timed)}
+                "decode_ms_per_step": 1e3 * statistics.median(d for _, d in timed), **_pieced(engine)}
 
     def gemm(self) -> list[dict]:
         """Each linear site against cuBLAS: CUDA-graph replays, µs per call (CUDA only). Our kernel is timed

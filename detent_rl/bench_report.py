@@ -65,7 +65,9 @@ def render(results: dict) -> str:
     asked = results.get("rounds_asked", rounds)
     out = [f"device {results['device']}; copy bandwidth {results['copy_bandwidth_gbs']:.0f} GB/s (read + write); "
            f"weights {results['weight_bytes'] / 1e9:.3f} GB" + (f"; {rounds} of {asked} rounds done" if asked > rounds
-                                                               else ""), "",
+                                                               else "")
+           + ("; prefill and mixed steps through piecewise graphs, every arm" if results.get("step_graphs") else ""),
+           "",
            f"| case | arm | result | {head} |", "|---|---|---|---|"]
     for case, arms in results["cases"].items():
         if case == "gemm":

@@ -98,6 +98,7 @@ class RolloutSection:
     chunk_size: int = 256  # chunked-prefill tokens per step
     num_blocks: Optional[int] = None  # KV-cache blocks; None: sized from free memory
     cuda_graphs: Literal["auto", "on", "off"] = "auto"  # decode graphs; auto: on on the GPU (every arm)
+    step_graphs: bool = False  # prefill and mixed steps as piecewise graphs at padded sizes (rollout/step_graphs.py)
     # compile every kernel variant a step can launch and capture every decode graph when the engine starts
     # (`Engine.warmup`), so that no rollout step stalls on a compile; auto: on on the GPU (the CPU compiles nothing)
     warmup: Literal["auto", "on", "off"] = "auto"

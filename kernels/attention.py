@@ -229,7 +229,8 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta, *,
                     scale: float, block_n: int, split_size: int, num_splits: int, num_warps: int = 4,
                     num_stages: int = 2, prefetch: bool = False, lse: torch.Tensor | None = None,
-                    combine: bool | None = None, tree_sum: bool = False) -> torch.Tensor:
+                    combine: bool | None = None, tree_sum: bool = False,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] over the paged caches (which already hold the step's keys).
     `lse` (fp32 [H, T], GPU only) receives each row's log-sum-exp of its scaled scores, from the same
     split maxima and sums the output is divided by (the trainer's FlashAttention backward takes it).
@@ -253,10 +254,17 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     keys in one warp) round some rows differently. In bf16 the dot sums the bf16 weights the output's
     dot sums (p rounded once), so the normaliser is the numerator's own. `tree_sum` runs the former
     `tl.sum` (the tests' control, and the stock arm's sum in 128-key tiles, where it is faster); the CPU
-    path has the one arithmetic."""
+    path has the one arithmetic.
+
+    `out`: the [T, H, D] tensor to write the output into (a view of a larger buffer, say: the rows a
+    step's graphed pieces read, `rollout/step_graphs.py`); a new one by default."""
     _check(q, k_cache, v_cache, meta, block_n, split_size)
     T, H, D = q.shape
-    out = torch.empty_like(q)
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride(2) != 1:
+        raise ValueError(f"attention out: {tuple(out.shape)} {out.dtype} on {out.device} with strides "
+                         f"{out.stride()} does not take q's {tuple(q.shape)} {q.dtype} on {q.device} rows")
     if T == 0:
         return out
     if not (q.is_cuda or interpreting()):

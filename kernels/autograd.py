@@ -375,6 +375,7 @@ def attention_autograd(q: torch.Tensor, k: Optional[torch.Tensor], v: torch.Tens
             store_kv(k, v, k_cache, v_cache, slots)
         return paged_attention(q, k_cache, v_cache, meta, scale=scale, **params)
     assert k is not None, "a differentiable step stores its own keys (rotary_store_autograd returns them)"
+    assert params.get("out") is None, "a differentiable attention step returns a new output (autograd's)"
     pos0 = meta.pos0_host if meta.pos0_host is not None else meta.pos0.tolist()
     if any(pos0):
         raise ValueError("a differentiable attention step must prefill every sequence from position 0 "

@@ -23,12 +23,15 @@ from detent_rl.rollout.block_manager import BlockManager
 from detent_rl.rollout.cuda_graph import DecodeGraphs, PendingStep
 from detent_rl.rollout.scheduler import Scheduler, Span
 from detent_rl.rollout.sequence import SamplingParams, Sequence
+from detent_rl.rollout.step_graphs import StepGraphs
 
 
 class Engine:
     """`cuda_graphs`: replay decode steps from CUDA graphs captured per padded batch size (default:
     on for a CUDA model, in every arm; the stock arm's graphs fix its selection at capture, as stock
-    engines do, and stay batch-dependent: `rollout/cuda_graph.py`).
+    engines do, and stay batch-dependent: `rollout/cuda_graph.py`). `step_graphs`: run every other step (prefill,
+    chunks, decode rows beside a chunk) through piecewise graphs at a padded token count, attention eager between
+    the pieces (`rollout/step_graphs.py`; on the CPU the same padded pieces eagerly); off by default.
 
     The CoRun arm (`corun`: stock's selections and cuBLAS linears) runs CoRun's fixed shapes instead of
     pins: each prefill alone and whole (no chunks, no prefix cache; `chunk_size` and `max_num_tokens`
@@ -41,7 +44,7 @@ class Engine:
 
     def __init__(self, model: CausalLM, *, num_blocks: int, max_num_seqs: int | None = None,
                  max_num_tokens: int | None = None, chunk_size: int = 256, cuda_graphs: bool | None = None,
-                 overlap: bool = True) -> None:
+                 overlap: bool = True, step_graphs: bool = False) -> None:
         limit = model.selections.deployment.max_num_tokens
         max_num_tokens = max_num_tokens or limit
         if max_num_tokens > limit:
@@ -65,16 +68,21 @@ class Engine:
             rows = max_batch if self.corun else max_num_seqs
             self.graphs = DecodeGraphs(model, self.caches, num_blocks, rows, fixed=self.corun,
                                        capture=bool(cuda_graphs))
+        self.steps = None
+        if step_graphs:
+            self.steps = StepGraphs(model, self.caches, num_blocks, self.scheduler.max_num_tokens,
+                                    capture=model.device.type == "cuda")
         self._select_logprobs = model.selections.get("log_softmax")
         self.overlap = overlap
         self._inflight: tuple[list[Span], PendingStep] | None = None  # a launched step, tokens unread
         self.released = False  # the KV cache's memory is freed (`release_memory`) until the next step
 
     @classmethod
-    def for_requests(cls, model: CausalLM, sequences: int, tokens: int, max_num_seqs: int) -> "Engine":
+    def for_requests(cls, model: CausalLM, sequences: int, tokens: int, max_num_seqs: int, **options) -> "Engine":
         """An engine with pages for `sequences` requests of up to `tokens` tokens each (and 8 spare),
-        `max_num_seqs` of them in flight."""
-        return cls(model, num_blocks=sequences * -(-tokens // model.page_size) + 8, max_num_seqs=max_num_seqs)
+        `max_num_seqs` of them in flight (`options`: the constructor's others)."""
+        return cls(model, num_blocks=sequences * -(-tokens // model.page_size) + 8, max_num_seqs=max_num_seqs,
+                   **options)
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Sequence]:
         """Run the requests to completion; their sequences, in order."""
@@ -186,7 +194,10 @@ class Engine:
         step = [StepSpan(s.seq.tokens[s.start:s.start + s.count], s.start, s.seq.block_table) for s in spans]
         input_ids, positions, ctx = step_inputs(self.model, self.caches, step)
         with set_context(ctx):
-            hidden = self.model(input_ids, positions)
+            if self.steps is not None and self.steps.fits(input_ids.shape[0]):
+                hidden = self.steps.forward(input_ids, positions)
+            else:
+                hidden = self.model(input_ids, positions)
         ends, at = [], 0
         for s in spans:
             at += s.count
@@ -253,8 +264,9 @@ class Engine:
             for t in (k, v):
                 freed += t.untyped_storage().nbytes()
                 t.untyped_storage().resize_(0)
-        if self.graphs is not None:
-            self.graphs.drop_captured()
+        for graphs in (self.graphs, self.steps):
+            if graphs is not None:
+                graphs.drop_captured()
         self.released = True
         return freed
 

@@ -8,7 +8,8 @@ serve of 64 requests after two untimed ones, in every arm (docs/BENCHMARKS.md, s
 warm up at start for the same reason (vLLM and SGLang capture their decode graphs and run dummy prefills).
 
 `warmup` runs the engine's own step path (`Engine._step`: forward, LM head, sampler) over synthetic steps,
-one per class of steps the kernels tell apart, and captures every decode graph. A step's class is what its
+one per class of steps the kernels tell apart, and captures every decode graph (and, with `step_graphs`, the
+pieces of every padded step size: `rollout/step_graphs.py`; its linears then see the padded count). A step's class is what its
 launches compile for: the attention selection of its shape (sequences, longest query, tokens, longest
 context), each pinned linear site's selection at its token count, and Triton's specialisation of the
 token and sampled-row counts and of the page table's width. Candidate steps sweep the token counts up to the
@@ -60,15 +61,17 @@ class _Plan:
                 self.linears.setdefault(tuple(module.weight.shape), module._select)
         self.head = None if model.lm_head._stock else model.lm_head._select
         self.logprobs = engine._select_logprobs
+        self.steps = engine.steps  # piecewise graphs: the linears run at the padded token count
         self.seen: set = set()
 
     def key(self, q_lens: list[int], cached: list[int], width: int) -> tuple:
         tokens, rows = sum(q_lens), len(q_lens)
         attention = self.model.select_attention(rows, max(q_lens), tokens, max(c + n for c, n in zip(cached, q_lens)))
-        linears = tuple(tuple(launch_params(select(tokens)).values()) for select in self.linears.values())
+        padded = self.steps.size_for(tokens) if self.steps is not None and self.steps.fits(tokens) else tokens
+        linears = tuple(tuple(launch_params(select(padded)).values()) for select in self.linears.values())
         head = tuple(launch_params(self.head(rows)).values()) if self.head is not None else ()
         # the page table's row stride (its widest row) is an integer argument of the attention kernel
-        return attention, _ints(tokens), _ints(rows), _ints(width), linears, head, self.logprobs(rows)
+        return attention, _ints(tokens), _ints(padded), _ints(rows), _ints(width), linears, head, self.logprobs(rows)
 
     def new(self, q_lens: list[int], cached: list[int], width: int) -> bool:
         key = self.key(q_lens, cached, width)
@@ -143,8 +146,9 @@ def synthetic_spans(engine: "Engine", q_lens: list[int], cached: list[int], widt
 def warmup(engine: "Engine", temperatures: tuple[float | None, ...] = (1.0,)) -> dict:
     """Run one synthetic step of every step class (`planned_steps`) and capture every decode graph size at each
     of `temperatures` (the graphs that sample: a request's temperature, greedy as 1.0; None: the graphs that
-    return logits, which rows with top-k or top-p filtering take). Needs an idle engine; flushes its prefix
-    cache. Returns {"steps", "graphs", "compiled" (Triton kernel variants), "seconds"}."""
+    return logits, which rows with top-k or top-p filtering take), and every step-graph size. Needs an idle
+    engine; flushes its prefix cache. Returns {"steps", "graphs" (captured: decode graphs and step sizes),
+    "compiled" (Triton kernel variants), "seconds"}."""
     if not engine.idle:
         raise RuntimeError("warmup needs an idle engine: call it before the first request, or between generate calls")
     t0 = time.perf_counter()
@@ -156,6 +160,11 @@ def warmup(engine: "Engine", temperatures: tuple[float | None, ...] = (1.0,)) ->
         for q_lens, cached, width in steps:
             engine._step(synthetic_spans(engine, q_lens, cached, width))
         graphs = 0
+        if engine.steps is not None and engine.steps.capture:  # every piece size, beyond those the steps met
+            for b in engine.steps.sizes:
+                if b not in engine.steps.graphs:
+                    engine.steps.capture_size(b)
+                    graphs += 1
         if engine.graphs is not None and engine.graphs.capture:
             for t in temperatures:
                 for b in engine.graphs.sizes:

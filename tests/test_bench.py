@@ -35,6 +35,15 @@ def test_quick_bench_runs_every_arm_and_case(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
+def test_step_graphs_run_in_every_arm(tmp_path, capsys):
+    assert main(["--model", "tiny", "--device", "cpu", "--dtype", "float32", "--quick", "--cases", "poisson,grpo",
+                 "--arms", "stock,detent", "--stock-pdl", "on", "--step-graphs", "on", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["step_graphs"] is True
+    assert all(data["cases"][c][arm]["piece_steps"] > 0 for c in ("poisson", "grpo") for arm in ("stock", "detent"))
+    assert "piecewise graphs, every arm" in (tmp_path / "bench.md").read_text()
+
+
 def test_rounds_pair_each_ratio_with_its_own_stock_run(tmp_path, capsys):
     assert main(["--model", "tiny", "--device", "cpu", "--dtype", "float32", "--quick", "--cases",
                  "decode-1,grpo,poisson", "--arms", "stock,detent", "--stock-pdl", "on", "--rounds", "3",

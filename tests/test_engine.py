@@ -22,14 +22,16 @@ def _requests(n: int, seed: int):
     return prompts, params
 
 
-def _failures(model, target: int = 0) -> list[str]:
+def _failures(model, target: int = 0, **options) -> list[str]:
+    """`options`: the batched engines' other options (the request alone always runs on a plain engine)."""
     prompts, params = _requests(6, seed=1)
     bad = []
     alone = Engine(model, num_blocks=64, chunk_size=64).generate([prompts[target]], [params[target]])[0]
     for label, engine, order in (
-            ("batch of 6", Engine(model, num_blocks=64, chunk_size=64), [0, 1, 2, 3, 4, 5]),
-            ("other order, chunks of 5", Engine(model, num_blocks=64, chunk_size=5), [3, 5, 0, 1, 4, 2]),
-            ("budget of 8 tokens", Engine(model, num_blocks=64, max_num_tokens=8, chunk_size=8), [2, 0, 4])):
+            ("batch of 6", Engine(model, num_blocks=64, chunk_size=64, **options), [0, 1, 2, 3, 4, 5]),
+            ("other order, chunks of 5", Engine(model, num_blocks=64, chunk_size=5, **options), [3, 5, 0, 1, 4, 2]),
+            ("budget of 8 tokens", Engine(model, num_blocks=64, max_num_tokens=8, chunk_size=8, **options),
+             [2, 0, 4])):
         seqs = engine.generate([prompts[i] for i in order], [params[i] for i in order])
         got = seqs[order.index(target)]
         if got.completion != alone.completion:

@@ -151,3 +151,25 @@ assert not torch.equal(scenario_outputs(reqs, 0, narrow, seed=4)["prefill"], ref
 print("tiles ok")
 """)
     assert proc.returncode == 0 and "tiles ok" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_out_takes_the_rows_into_a_larger_buffer():
+    """`out=`: the output rows written into a view of a larger buffer (a step's graphed pieces read them there),
+    bit-equal to a new output; a view that cannot hold q's rows is refused, naming what is wrong."""
+    from detent_rl.kernels.attention import attn_meta, paged_attention
+    _, detent = selections()
+    reqs = Requests([70, 9], FACTS, torch.float32, "cpu", seed=3)
+    spans = [(0, 0, 70), (1, 0, 9)]
+    q = torch.cat([reqs.q[r][p:p + n] for r, p, n in spans])
+    cfg = detent(2, 70, 79, 70)
+    table = torch.tensor([reqs.tables[0], reqs.tables[1] + [0] * (len(reqs.tables[0]) - len(reqs.tables[1]))],
+                         dtype=torch.int32)
+    meta = attn_meta([70, 9], [0, 0], table, cfg.block_m)
+    kw = dict(scale=reqs.scale, block_n=cfg.block_n, split_size=cfg.split_size, num_splits=cfg.num_splits)
+    buffer = torch.full((96, *q.shape[1:]), float("nan"))
+    got = paged_attention(q, reqs.k_cache, reqs.v_cache, meta, out=buffer[:79], **kw)
+    assert got.data_ptr() == buffer.data_ptr() and torch.equal(buffer[:79], paged_attention(
+        q, reqs.k_cache, reqs.v_cache, meta, **kw))
+    assert buffer[79:].isnan().all()  # nothing past the step's rows
+    with pytest.raises(ValueError, match=r"attention out: \(78, 4, 32\)"):
+        paged_attention(q, reqs.k_cache, reqs.v_cache, meta, out=buffer[:78], **kw)

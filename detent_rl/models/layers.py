@@ -255,6 +255,13 @@ class Attention(nn.Module):
         self._stock = selections.arm in ("stock", "corun")
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.o_proj(self.attend(*self.project(positions, x)))
+
+    def project(self, positions: torch.Tensor, x: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """The row-wise half before attention: q/k/v projected (and q/k normed), rotated at their positions;
+        the step's keys stored into this layer's cache at the context's slots, when no gradient needs k
+        (then k comes back None). (q, k, v), each [tokens, heads, head_dim]."""
         ctx = get_context()
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -264,13 +271,23 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(tokens, self.num_heads, self.head_dim)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(tokens, self.num_kv_heads, self.head_dim)
-        if ctx.sglang is not None:  # the trainer's side of an SGLang rollout: SGLang's attention kernels
-            from detent_rl.rollout.sglang_attention import sglang_attention_autograd
+        if ctx.sglang is not None:  # the trainer's side of an SGLang rollout: nothing stored (SGLang's kernels)
             q, k = self.rotary.rotate(positions, q, k)
-            out = sglang_attention_autograd(q, k, v, ctx.sglang, self.scale)
-            return self.o_proj(out.reshape(tokens, self.q_size))
+            return q, k, v
         k_cache, v_cache = ctx.kv_caches[self.layer_idx]
         q, k = self.rotary(positions, q, k, v, k_cache, v_cache, ctx.slots)
+        return q, k, v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor, out: torch.Tensor | None = None
+               ) -> torch.Tensor:
+        """Paged causal attention of `project`'s rows over the context's caches and metadata: [tokens,
+        q_size]. `out`: a [tokens, heads, head_dim] tensor to write it into (no gradient)."""
+        ctx = get_context()
+        tokens = q.shape[0]
+        if ctx.sglang is not None:  # SGLang's attention kernels give each row the bits the rollout gave it
+            from detent_rl.rollout.sglang_attention import sglang_attention_autograd
+            return sglang_attention_autograd(q, k, v, ctx.sglang, self.scale).reshape(tokens, self.q_size)
+        k_cache, v_cache = ctx.kv_caches[self.layer_idx]
         s = self._select(ctx.num_seqs, ctx.max_seqlen_q, tokens, ctx.max_seqlen_k)
         tiling = (s.block_m, pack_of(s, self.num_heads, self.num_kv_heads))
         if tiling != (ctx.meta.block_m, ctx.meta.pack):
@@ -280,5 +297,5 @@ class Attention(nn.Module):
         out = attention_autograd(q, k, v, k_cache, v_cache, ctx.slots, ctx.meta, scale=self.scale,
                                  block_n=s.block_n, split_size=s.split_size, num_splits=s.num_splits,
                                  num_warps=s.num_warps, num_stages=s.num_stages, prefetch=s.kv_prefetch,
-                                 tree_sum=self._stock and s.block_n == 128)
-        return self.o_proj(out.reshape(tokens, self.q_size))
+                                 tree_sum=self._stock and s.block_n == 128, out=out)
+        return out.reshape(tokens, self.q_size)

@@ -46,13 +46,25 @@ class DecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: Optional[torch.Tensor]
                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        (q, k, v), residual = self.head(positions, hidden, residual)
+        return self.tail(self.self_attn.attend(q, k, v), residual)
+
+    # `head` and `tail` are the layer's row-wise halves either side of attention (a row's outputs read only
+    # that row): a step's graphed pieces (rollout/step_graphs.py) are one layer's tail and the next one's head.
+
+    def head(self, positions: torch.Tensor, hidden: torch.Tensor, residual: Optional[torch.Tensor]
+             ) -> tuple[tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor], torch.Tensor]:
+        """The input norm and attention's `project`: ((q, k, v), residual)."""
         # The residual add is fused into the next norm; it rounds to the model dtype as HF's add does.
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.self_attn.project(positions, hidden), residual
+
+    def tail(self, attended: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """o_proj, the post-attention norm and the MLP: (hidden, residual)."""
+        hidden, residual = self.post_attention_layernorm(self.self_attn.o_proj(attended), residual)
         return self.mlp(hidden), residual
 
 
