@@ -3,12 +3,14 @@ and mixed steps are not graph replays: their host time is the step's).
 
     PYTHONPATH=$(bash bench/link_package.sh .) python -P bench/eager_steps.py [--model qwen2-0.5b]
         [--commitment bench/tuned/h200_qwen2-0.5b_grpo32x8.json] [--rounds 5] [--steps 10]
-        [--linear-from OLD_MATMUL.py]
+        [--linear-from OLD_MATMUL.py] [--step-graphs]
 
-Each arm's engine is warmed up (`Engine.warmup`: nothing compiles in a timed step), then three steps are
+Each arm's engine is warmed up (`Engine.warmup`: nothing compiles in a timed step), then four steps are
 timed, each `--steps` times synced: a mixed step (47 decode rows beside a 256-token prefill chunk), a 4 x 256
-prefill, and 48 rows of one or two tokens run eagerly. Prints each arm's median ms a step, its ratio to stock
-and the rounds' range. `--linear-from FILE` adds the arm `tuned (FILE)`: the same engine with `linear` taken
+prefill, 48 rows of one or two tokens run eagerly, and the GRPO batch's prefill step (32 prompts of 200 tokens,
+and 224 samples of them whose 192 cached tokens leave 8 each: 8,192 tokens). Prints each arm's median ms a step,
+its ratio to stock and the rounds' range. `--step-graphs` adds each arm's engine with piecewise step graphs
+(`rollout/step_graphs.py`, captured in its warm-up) beside the plain one: `stock + pieces`, `tuned + pieces`. `--linear-from FILE` adds the arm `tuned (FILE)`: the same engine with `linear` taken
 from another version of kernels/matmul.py (`git show 4d595e0:kernels/matmul.py > old.py`: before session 33's
 routes), an A/B of the linear's host path in one process. On the CPU it runs too (slowly: use
 `--model tiny --commitment ''`: the default tuple, arm `detent`), without warm-up or warpgroup kernels."""
@@ -32,7 +34,7 @@ from detent_rl.timing import sync
 
 # (cached, new) tokens of each sequence
 SHAPES = {"mixed 47 x 1 + 256": [(300, 1)] * 47 + [(0, 256)], "prefill 4 x 256": [(0, 256)] * 4,
-          "eager 48 rows": [(300, 1)] * 47 + [(0, 2)]}
+          "eager 48 rows": [(300, 1)] * 47 + [(0, 2)], "grpo prefill 32 x 200 + 224 x 8": [(0, 200)] * 32 + [(192, 8)] * 224}
 
 
 def main() -> None:
@@ -42,6 +44,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--linear-from", default=None)
+    ap.add_argument("--step-graphs", action="store_true")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -52,11 +55,16 @@ def main() -> None:
                                               else None)):
         model = load_model(path, "stock" if arm == "stock" else "detent", device=device, dtype=dtype,
                            commitment=commitment, max_context=784, max_batch=256, max_num_tokens=8192)
-        engines[arm] = Engine.for_requests(model, 64, 784, 64)
+        engines[arm] = Engine.for_requests(model, 256, 784, 256)
+        if args.step_graphs:
+            engines[f"{arm} + pieces"] = Engine.for_requests(model, 256, 784, 256, step_graphs=True)
+    for engine in engines.values():
         if device == "cuda":
-            engines[arm].warmup()
+            engine.warmup()
     ours = autograd.linear  # what the layers' no-grad linears call
     arms = [("stock", "stock", None), (pinned, pinned, ours)]
+    if args.step_graphs:
+        arms += [(f"{a} + pieces", f"{a} + pieces", None if a == "stock" else ours) for a in ("stock", pinned)]
     if args.linear_from:
         spec = importlib.util.spec_from_file_location("linear_from", args.linear_from)
         other = importlib.util.module_from_spec(spec)
