@@ -369,7 +369,8 @@ def recipe_workload(recipe_path: str, overrides: list[str]) -> tuple[CausalLM, W
     ro, tr = recipe.rollout, recipe.train
     prompt = round(statistics.mean(len(p) for p in setup.prompts.values()))
     workload = Workload(prompts=ro.prompts_per_step, prompt_len=prompt, new_tokens=ro.max_new_tokens,
-                        micro_batch=tr.micro_batch_size, max_num_seqs=ro.max_num_seqs, samples=ro.samples_per_prompt)
+                        micro_batch=tr.micro_batch_size, max_num_seqs=ro.max_num_seqs, samples=ro.samples_per_prompt,
+                        step_graphs=ro.step_graphs)
     spec = setup.spec
 
     def build(t: CommitmentTuple) -> CausalLM:
@@ -395,6 +396,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--micro-batch", type=int, default=8, help="workload: sequences per trainer forward")
     ap.add_argument("--max-num-seqs", type=int, default=64,
                     help="workload: requests decoding at once (without --recipe)")
+    ap.add_argument("--step-graphs", action="store_true",
+                    help="workload: prefill steps through piecewise graphs, as a run with rollout.step_graphs (without "
+                         "--recipe)")
     limits = {"max_context": 4096, "max_batch": 256, "max_num_tokens": 8192}  # load_model's defaults
     for name, default in limits.items():
         ap.add_argument(f"--{name.replace('_', '-')}", type=int,
@@ -434,7 +438,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             ap.error(f"--commitment: {e}")
         try:
             workload = Workload(args.prompts, args.prompt_len, args.new_tokens, args.micro_batch, args.max_num_seqs,
-                                args.samples)
+                                args.samples, args.step_graphs)
         except ValueError as e:
             ap.error(str(e))
         build = lambda t: load_model(path, "detent", commitment=t, **kw)  # noqa: E731

@@ -20,13 +20,16 @@ class Workload:
     """One RL step's shapes: `prompts` prompts of `prompt_len` tokens, each sampled `samples` times (a
     GRPO group: the engine's prefix cache prefills a prompt once, as in the run), every request
     decoding `new_tokens` (no stop token), at most `max_num_seqs` in flight (the decode batch, so the
-    M the linears see), then rescored the trainer's way, `micro_batch` sequences per forward."""
+    M the linears see), then rescored the trainer's way, `micro_batch` sequences per forward.
+    `step_graphs`: the engine runs its prefill steps through piecewise graphs (`rollout.step_graphs`), whose
+    linears see the padded token count: the profile's calls are then the run's."""
     prompts: int
     prompt_len: int
     new_tokens: int
     micro_batch: int = 8
     max_num_seqs: int = 64
     samples: int = 1
+    step_graphs: bool = False
 
     def __post_init__(self) -> None:
         for name in ("prompts", "prompt_len", "new_tokens", "micro_batch", "max_num_seqs", "samples"):
@@ -55,7 +58,7 @@ class Workload:
         d = model.selections.deployment
         self.check(d)
         return Engine.for_requests(model, self.requests, self.prompt_len + self.new_tokens,
-                                   min(self.requests, d.max_batch, self.max_num_seqs))
+                                   min(self.requests, d.max_batch, self.max_num_seqs), step_graphs=self.step_graphs)
 
     def run(self, engine: Engine) -> float:
         """Seconds to generate and rescore the workload on `engine` (synchronised on the GPU); its

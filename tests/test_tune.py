@@ -305,6 +305,20 @@ def test_grpo_groups_prefill_each_prompt_once(tmp_path):
         Workload(2, 40, 2, samples=0)
 
 
+def test_a_workload_with_step_graphs_profiles_the_padded_counts(tmp_path):
+    """With `step_graphs` the prefill's linears run at the padded token count: the profile holds that count (a
+    piece size), not the step's own, as the run will."""
+    from detent_rl.tune import profile
+    model = load_model(save(hf_model("qwen2"), tmp_path / "m"), "detent", dtype=torch.float32, **LIMITS)
+    rows = {}
+    for pieces in (False, True):
+        w = Workload(2, 37, 2, micro_batch=2, step_graphs=pieces)  # one prefill step of 74 tokens
+        _, calls = profile(w.engine(model), w)
+        rows[pieces] = {args[0] for k, c in calls.items() if k.startswith("matmul") for args in c}
+    assert 74 in rows[False] and 80 not in rows[False]
+    assert 80 in rows[True] and 74 not in rows[True]
+
+
 def test_a_search_best_is_kept_only_for_a_saving_re_timed_beside_the_default():
     """The search keeps the minimum of single timings (the luckiest): its best is re-timed beside the default,
     rounds alternating which goes first, and kept only where its median saves MIN_GAIN."""
