@@ -122,8 +122,8 @@ def main() -> None:
     if commitment is not None:
         limits = {k: commitment.deployment[k] for k in limits}
     arms = args.arms.split(",") + (["tuned"] if commitment is not None else [])
-    print(f"| arm | tokens | launch | host ms | wall ms | GPU ms (kernels summed) | launches | host / GPU |\n"
-          f"|---|---|---|---|---|---|---|---|")
+    print("| arm | tokens | launch | host ms | wall ms | GPU ms (kernels summed) | launches | host / GPU |\n"
+          "|---|---|---|---|---|---|---|---|")
     for arm in arms:
         model = load_model(path, "detent" if arm == "tuned" else arm, device="cuda", dtype=torch.bfloat16,
                            commitment=commitment if arm == "tuned" else None, **limits)
