@@ -14,7 +14,8 @@ Bits: the pieces run the model's own kernels, in its order, on the padded rows; 
 position 0, keys stored into the scratch page) change no real row, since every piece is row-wise. In the pinned
 arms a row's bits do not depend on the row count either, so a step through the pieces gives the eager step's
 bits (tests/test_step_graphs.py); the stock arm's selections and cuBLAS read the padded count at capture, as a
-stock engine's graphs do, and its bits move with the padding. Attention's output is written into one buffer the
+stock engine's graphs do, and its bits move with the padding (the CoRun arm's prefill, one request alone, pads by
+that request's length only: its rollout stays batch-invariant). Attention's output is written into one buffer the
 next piece reads; each piece's q stays where its capture put it, in the graph pool, referenced without holding it
 (`_unowned`): piece i + 1's capture may reuse that memory only for what runs after attention i has read q.
 

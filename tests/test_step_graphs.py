@@ -71,6 +71,29 @@ def test_stock_pieces_move_the_bits(tmp_path):
     assert pieced > 0 and bad, "negative control: the stock arm's padded steps kept every bit"
 
 
+def _alone_vs_batched(model) -> list[str]:
+    """Each request alone against the batch, reordered and chunked, every engine through the pieces; a line per
+    request that differs."""
+    prompts, params = _requests(6, seed=1)
+    alone = [Engine(model, num_blocks=64, step_graphs=True).generate([p], [sp])[0] for p, sp in zip(prompts, params)]
+    bad = []
+    for chunk, order in ((64, [0, 1, 2, 3, 4, 5]), (5, [3, 5, 0, 1, 4, 2])):
+        got = Engine(model, num_blocks=64, chunk_size=chunk, step_graphs=True).generate(
+            [prompts[i] for i in order], [params[i] for i in order])
+        bad += [f"chunk {chunk}: request {i} differs from itself alone" for i in range(6)
+                if (got[order.index(i)].completion, got[order.index(i)].logprobs)
+                != (alone[i].completion, alone[i].logprobs)]
+    return bad
+
+
+def test_corun_through_the_pieces_stays_batch_invariant(tmp_path):
+    # CoRun's prefill is one request alone: its padded size is its own length's, whatever the batch
+    model = load_model(save(hf_model("qwen2"), tmp_path), "corun", dtype=torch.float32, **LIMITS)
+    assert _alone_vs_batched(model) == []
+    stock = load_model(save(hf_model("qwen2"), tmp_path / "stock"), "stock", dtype=torch.float32, **LIMITS)
+    assert _alone_vs_batched(stock), "negative control: the stock arm through the pieces kept every request's bits"
+
+
 def _step(model, caches, pieces: StepGraphs | None, tokens: list[int], pages: list[int]) -> torch.Tensor:
     input_ids, positions, ctx = step_inputs(model, caches, [Span(tokens, 0, pages)])
     with torch.inference_mode(), set_context(ctx):
