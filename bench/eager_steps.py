@@ -10,8 +10,8 @@ timed, each `--steps` times synced: a mixed step (47 decode rows beside a 256-to
 prefill, 48 rows of one or two tokens run eagerly, and the GRPO batch's prefill step (32 prompts of 200 tokens,
 and 224 samples of them whose 192 cached tokens leave 8 each: 8,192 tokens). Prints each arm's median ms a step,
 its ratio to stock and the rounds' range. `--step-graphs` adds each arm's engine with piecewise step graphs
-(`rollout/step_graphs.py`, captured in its warm-up) beside the plain one: `stock + pieces`, `tuned + pieces`. `--linear-from FILE` adds the arm `tuned (FILE)`: the same engine with `linear` taken
-from another version of kernels/matmul.py (`git show 4d595e0:kernels/matmul.py > old.py`: before session 33's
+(`rollout/step_graphs.py`, captured in its warm-up) beside the plain one: `stock + pieces`, `tuned + pieces`.
+`--linear-from FILE` adds the arm `tuned (FILE)`: the same engine with `linear` taken from another version of kernels/matmul.py (`git show 4d595e0:kernels/matmul.py > old.py`: before session 33's
 routes), an A/B of the linear's host path in one process. On the CPU it runs too (slowly: use
 `--model tiny --commitment ''`: the default tuple, arm `detent`), without warm-up or warpgroup kernels."""
 from __future__ import annotations
@@ -34,7 +34,8 @@ from detent_rl.timing import sync
 
 # (cached, new) tokens of each sequence
 SHAPES = {"mixed 47 x 1 + 256": [(300, 1)] * 47 + [(0, 256)], "prefill 4 x 256": [(0, 256)] * 4,
-          "eager 48 rows": [(300, 1)] * 47 + [(0, 2)], "grpo prefill 32 x 200 + 224 x 8": [(0, 200)] * 32 + [(192, 8)] * 224}
+          "eager 48 rows": [(300, 1)] * 47 + [(0, 2)],
+          "grpo prefill 32 x 200 + 224 x 8": [(0, 200)] * 32 + [(192, 8)] * 224}
 
 
 def main() -> None:

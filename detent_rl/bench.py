@@ -230,7 +230,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="run the arms this many times in turn, each round loading them afresh; a ratio is then "
                          "the median of the rounds' paired ratios (gemm runs in the first round only)")
     ap.add_argument("--step-graphs", default="off", choices=("on", "off"),
-                    help="every arm runs its prefill and mixed steps through piecewise CUDA graphs (rollout/step_graphs.py)")
+                    help="every arm runs its prefill and mixed steps through piecewise CUDA graphs "
+                         "(rollout/step_graphs.py)")
     ap.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
     ap.add_argument("--out", required=True, help="folder for bench.md, bench.json, bench.png")
     args = ap.parse_args(argv)

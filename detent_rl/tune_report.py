@@ -89,7 +89,8 @@ class TuneReport:
                  "|---|---|---|---|---|---|---|"]
         for s in self.sites:
             lines.append(f"| {s.key} | {s.grid} | {s.measured} ({s.measured / max(s.grid, 1):.0%}) | {s.calls} | "
-                         f"{s.show(s.default)} | {s.show(s.best)} | {s.default_s * 1e3:.3f} -> {s.best_s * 1e3:.3f} ms |")
+                         f"{s.show(s.default)} | {s.show(s.best)} | "
+                         f"{s.default_s * 1e3:.3f} -> {s.best_s * 1e3:.3f} ms |")
         kept = [s for s in self.sites if s.rejected is not None]
         if kept:
             lines.append("")
@@ -99,8 +100,8 @@ class TuneReport:
                          f"{s.default_s * 1e3:.3f} -> {found_s * 1e3:.3f} ms, under the {MIN_GAIN:.0%} a move needs")
         checked = [s for s in self.sites if s.exhaustive is not None]
         if checked:
-            lines += ["", "| site | distinct candidates measured | exhaustive best | search's best | search over exhaustive |",
-                      "|---|---|---|---|---|"]
+            lines += ["", "| site | distinct candidates measured | exhaustive best | search's best | "
+                          "search over exhaustive |", "|---|---|---|---|---|"]
             for s in checked:
                 lines.append(f"| {s.key} | {s.exhaustive_n} | {s.show(s.exhaustive)} | {s.show(s.found)} | "
                              f"{s.gap:+.1%} |")

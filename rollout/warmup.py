@@ -9,10 +9,10 @@ warm up at start for the same reason (vLLM and SGLang capture their decode graph
 
 `warmup` runs the engine's own step path (`Engine._step`: forward, LM head, sampler) over synthetic steps,
 one per class of steps the kernels tell apart, and captures every decode graph (and, with `step_graphs`, the
-pieces of every padded step size: `rollout/step_graphs.py`; its linears then see the padded count). A step's class is what its
-launches compile for: the attention selection of its shape (sequences, longest query, tokens, longest
-context), each pinned linear site's selection at its token count, and Triton's specialisation of the
-token and sampled-row counts and of the page table's width. Candidate steps sweep the token counts up to the
+pieces of every padded step size: `rollout/step_graphs.py`; its linears then see the padded count). A step's
+class is what its launches compile for: the attention selection of its shape (sequences, longest query,
+tokens, longest context), each pinned linear site's selection at its token count, and Triton's specialisation
+of the token and sampled-row counts and of the page table's width. Candidate steps sweep the token counts up to the
 step budget and the context lengths up to the deployment's in 64-position steps, each at a table width of
 each class; only a class not met before runs. With pinned selections that is a few dozen steps; the stock
 arm's attention selection reads the context length (its split size is a constexpr of our kernel), so it runs
