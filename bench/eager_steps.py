@@ -11,8 +11,9 @@ prefill, 48 rows of one or two tokens run eagerly, and the GRPO batch's prefill 
 and 224 samples of them whose 192 cached tokens leave 8 each: 8,192 tokens). Prints each arm's median ms a step,
 its ratio to stock and the rounds' range. `--step-graphs` adds each arm's engine with piecewise step graphs
 (`rollout/step_graphs.py`, captured in its warm-up) beside the plain one: `stock + pieces`, `tuned + pieces`.
-`--linear-from FILE` adds the arm `tuned (FILE)`: the same engine with `linear` taken from another version of kernels/matmul.py (`git show 4d595e0:kernels/matmul.py > old.py`: before session 33's
-routes), an A/B of the linear's host path in one process. On the CPU it runs too (slowly: use
+`--linear-from FILE` adds the arm `tuned (FILE)`: the same engine with `linear` taken from another version of
+kernels/matmul.py (`git show 4d595e0:kernels/matmul.py > old.py`: before session 33's routes), an A/B of the
+linear's host path in one process. On the CPU it runs too (slowly: use
 `--model tiny --commitment ''`: the default tuple, arm `detent`), without warm-up or warpgroup kernels."""
 from __future__ import annotations
 
