@@ -38,7 +38,7 @@ def test_step_sizes_cover_every_count_with_bounded_padding(tmp_path):
         StepGraphs(model, model.allocate_kv_cache(2), 2, 8, capture=False)
 
 
-def _pieces_vs_eager(model, device: str = "cpu") -> tuple[list[str], int]:
+def _pieces_vs_eager(model) -> tuple[list[str], int]:
     """The same requests through plain engines and through engines with step graphs, under three chunkings; a
     line per difference, and how many steps ran through the pieces."""
     prompts, params = _requests(6, seed=1)
