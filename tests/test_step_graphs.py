@@ -68,7 +68,9 @@ def test_pieces_give_the_eager_steps_bits_in_the_pinned_arms(tmp_path, arm, dtyp
 def test_stock_pieces_move_the_bits(tmp_path):
     model = load_model(save(hf_model("qwen2"), tmp_path), "stock", dtype=torch.float32, **LIMITS)
     bad, pieced = _pieces_vs_eager(model)
-    assert pieced > 0 and bad, "negative control: the stock arm's padded steps kept every bit"
+    # the padding itself moves them (not only the stock rescore, which differs from any rollout of this arm)
+    assert pieced > 0 and any("through the pieces" in line for line in bad), \
+        "negative control: the stock arm's padded steps kept every bit"
 
 
 def _alone_vs_batched(model) -> list[str]:
