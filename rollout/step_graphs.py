@@ -162,7 +162,8 @@ class StepGraphs:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The model's forward of a step's n tokens (`CausalLM.forward`, inside the step's `set_context`), through
         the pieces at the step's padded size; final hidden states [n, hidden]. The returned tensor is
-        overwritten by the next step of that size."""
+        overwritten by the next step through the pieces (the sizes share one graph pool, and a size's output may
+        sit in memory another size's pieces use while they run)."""
         ctx = get_context()
         n = input_ids.shape[0]
         b = self.size_for(n)
