@@ -153,23 +153,26 @@ print("tiles ok")
     assert proc.returncode == 0 and "tiles ok" in proc.stdout, proc.stderr[-3000:]
 
 
-def test_out_takes_the_rows_into_a_larger_buffer():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_out_takes_the_rows_into_a_larger_buffer(device):
     """`out=`: the output rows written into a view of a larger buffer (a step's graphed pieces read them there),
-    bit-equal to a new output; a view that cannot hold q's rows is refused, naming what is wrong."""
+    bit-equal to a new output, for a prefill (split partials combined) and a decode step (on the GPU the kernel's
+    own epilogue); a view that cannot hold q's rows is refused, naming what is wrong."""
     from detent_rl.kernels.attention import attn_meta, paged_attention
-    _, detent = selections()
-    reqs = Requests([70, 9], FACTS, torch.float32, "cpu", seed=3)
-    spans = [(0, 0, 70), (1, 0, 9)]
-    q = torch.cat([reqs.q[r][p:p + n] for r, p, n in spans])
-    cfg = detent(2, 70, 79, 70)
-    table = torch.tensor([reqs.tables[0], reqs.tables[1] + [0] * (len(reqs.tables[0]) - len(reqs.tables[1]))],
-                         dtype=torch.int32)
-    meta = attn_meta([70, 9], [0, 0], table, cfg.block_m)
-    kw = dict(scale=reqs.scale, block_n=cfg.block_n, split_size=cfg.split_size, num_splits=cfg.num_splits)
-    buffer = torch.full((96, *q.shape[1:]), float("nan"))
-    got = paged_attention(q, reqs.k_cache, reqs.v_cache, meta, out=buffer[:79], **kw)
-    assert got.data_ptr() == buffer.data_ptr() and torch.equal(buffer[:79], paged_attention(
-        q, reqs.k_cache, reqs.v_cache, meta, **kw))
-    assert buffer[79:].isnan().all()  # nothing past the step's rows
-    with pytest.raises(ValueError, match=r"attention out: \(78, 4, 32\)"):
-        paged_attention(q, reqs.k_cache, reqs.v_cache, meta, out=buffer[:78], **kw)
+    _, detent = selections(split_size=512)  # one split: a 16-row decode tile writes its rows itself
+    reqs = Requests([70, 9], FACTS, torch.float32, device, seed=3)
+    width = len(reqs.tables[0])
+    table = torch.tensor([t + [0] * (width - len(t)) for t in reqs.tables], dtype=torch.int32, device=device)
+    for spans in ([(0, 0, 70), (1, 0, 9)], [(0, 69, 1), (1, 8, 1)]):
+        q = torch.cat([reqs.q[r][p:p + n] for r, p, n in spans])
+        T = q.shape[0]
+        cfg = detent(2, max(n for _, _, n in spans), T, max(p + n for _, p, n in spans))
+        meta = attn_meta([n for _, _, n in spans], [p for _, p, _ in spans], table, cfg.block_m)
+        kw = dict(scale=reqs.scale, block_n=cfg.block_n, split_size=cfg.split_size, num_splits=cfg.num_splits)
+        buffer = torch.full((T + 17, *q.shape[1:]), float("nan"), device=device)
+        got = paged_attention(q, reqs.k_cache, reqs.v_cache, meta, out=buffer[:T], **kw)
+        assert got.data_ptr() == buffer.data_ptr()
+        assert torch.equal(buffer[:T], paged_attention(q, reqs.k_cache, reqs.v_cache, meta, **kw)), spans
+        assert buffer[T:].isnan().all()  # nothing past the step's rows
+    with pytest.raises(ValueError, match=r"attention out: \(1, 4, 32\)"):
+        paged_attention(q, reqs.k_cache, reqs.v_cache, meta, out=buffer[:1], **kw)
