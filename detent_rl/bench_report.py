@@ -80,7 +80,9 @@ def render(results: dict) -> str:
             elif case == "poisson":
                 text = f"p50 {r['p50_ms']:.2f} / p90 {r['p90_ms']:.2f} / p99 {r['p99_ms']:.2f} ms per output token" + (
                     f"; {r['steps']} steps, median {r['step_median_ms']:.2f} ms, slowest {r['step_max_ms']:.1f} ms"
-                    if "step_max_ms" in r else "") + (f"; {r['compiles']} compiles" if "compiles" in r else "")
+                    if "step_max_ms" in r else "") + (
+                    f" ({r['eager_steps']} eager: {r['eager_ms']:.0f} ms; the rest {r['graph_ms']:.0f} ms)"
+                    if "eager_ms" in r else "") + (f"; {r['compiles']} compiles" if "compiles" in r else "")
             else:
                 text = f"{r['ms_per_step']:.3f} ms/step" + (f", {r['roofline_pct']:.0f} % of roofline"
                                                             if "roofline_pct" in r else "")

@@ -76,6 +76,7 @@ class Engine:
         self.overlap = overlap
         self._inflight: tuple[list[Span], PendingStep] | None = None  # a launched step, tokens unread
         self.released = False  # the KV cache's memory is freed (`release_memory`) until the next step
+        self.eager_steps = 0  # steps through `_step` (prefill, mixed, filtered decode rows), not a sampling graph
 
     @classmethod
     def for_requests(cls, model: CausalLM, sequences: int, tokens: int, max_num_seqs: int, **options) -> "Engine":
@@ -219,6 +220,7 @@ class Engine:
     def _step(self, spans: list[Span]) -> dict[int, tuple[int, float]]:
         """A step whose graph does not sample (prefill, filtered rows, eager engines): logits, then the
         eager sampler."""
+        self.eager_steps += 1
         graphed = self._graphed(spans)
         logits = self._logits(spans, graphed)
         if logits is None:

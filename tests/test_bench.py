@@ -28,7 +28,11 @@ def test_quick_bench_runs_every_arm_and_case(tmp_path, capsys):
         assert 0 < p["p50_ms"] <= p["p90_ms"] <= p["p99_ms"]
         assert p["steps"] > 0 and 0 < p["step_median_ms"] <= p["step_max_ms"]  # a stall in the timed run shows
         assert p["compiles"] == 0 and p["warmup_s"] > 0  # (the CPU compiles nothing; the GPU's count is the check)
+        assert 0 < p["eager_steps"] <= p["steps"] and p["eager_ms"] > 0 and p["graph_ms"] >= 0
         assert data["cases"]["grpo"][arm]["tok_per_s"] > 0
+    # on the CPU the stock arm has no decode graphs (every step eager); CoRun's padded decode step runs as one
+    assert data["cases"]["poisson"]["stock"]["eager_steps"] == data["cases"]["poisson"]["stock"]["steps"]
+    assert data["cases"]["poisson"]["corun"]["eager_steps"] < data["cases"]["poisson"]["corun"]["steps"]
     table = (tmp_path / "bench.md").read_text()
     assert table.count("| 1.00x |") >= len(cases)  # stock against itself
     assert "% of roofline" in table and (tmp_path / "bench.png").stat().st_size > 0
