@@ -20,7 +20,8 @@ programmatic dependent launch on and off (DETENT_PDL), in one process. With PDL 
 resident while its predecessor drains, so kernel times can overlap: compare the wall times.
 `--phase prefill` profiles the batch's whole prefill instead (until every request has its first token;
 `--samples 8` repeats each prompt as the GRPO batch does, so the prefix cache serves the repeats), and
-`--host-top N` adds the host's costliest functions in it. `--commitment` adds the arm `tuned`.
+`--host-top N` adds the host's costliest functions in it. `--commitment` adds the arm `tuned`. `--step-graphs`
+runs the prefill through piecewise graphs (`rollout/step_graphs.py`; captured in the untimed first run).
 """
 from __future__ import annotations
 
@@ -152,6 +153,7 @@ def main() -> None:
                                                       "kernel (off), or as paged_attention decides (auto)")
     ap.add_argument("--commitment", default="", help="a tuned tuple file: adds the arm `tuned` (detent with it), "
                                                      "and every arm takes the tuple's deployment limits")
+    ap.add_argument("--step-graphs", action="store_true", help="prefill and mixed steps through piecewise graphs")
     ap.add_argument("--attention-split", default="", help="comma-separated KV split sizes to pin the detent arm's "
                                                             "attention to, one run each (default: its tuple's)")
     args = ap.parse_args()
@@ -182,7 +184,7 @@ def main() -> None:
             g = torch.Generator().manual_seed(b)
             prompts = torch.randint(0, model.config.vocab_size, (-(-b // args.samples), args.prompt_len),
                                     generator=g).repeat_interleave(args.samples, 0)[:b].tolist()
-            engine = Engine.for_requests(model, b, args.prompt_len + args.steps + 2, b)
+            engine = Engine.for_requests(model, b, args.prompt_len + args.steps + 2, b, step_graphs=args.step_graphs)
             if args.phase == "prefill":
                 wall, gpu, kernels, gaps = profile_prefill(engine, prompts, args.temperature, args.host_top)
             else:
@@ -190,6 +192,7 @@ def main() -> None:
             launches = sum(c for c, _ in kernels.values())
             unit = "prefill" if args.phase == "prefill" else "step"
             print(f"\n## {args.model}, arm {arm}, PDL {pdl}, one-split combine {combine}, batch {b}, "
+                  + ("step graphs, " if args.step_graphs else "") +
                   f"T {args.temperature:g}, {args.phase}: "
                   f"{wall:.3f} ms/{unit} wall, GPU busy {gaps['busy_us'] / 1e3:.3f} ms/{unit} (kernels summed "
                   f"{gpu:.3f}, {launches:.0f} launches/{unit}), {wall - gaps['busy_us'] / 1e3:.3f} ms/{unit} host "
