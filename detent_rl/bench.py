@@ -99,7 +99,8 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
     the same arm's. The Poisson trace's arrival rate is `poisson_rate`, else `load_factor` x stock's
     offline rate, which then needs stock to run first. `step_graphs`: every arm's engines run prefill and
     mixed steps through piecewise graphs (`rollout/step_graphs.py`), as vLLM V1 does."""
-    results: dict[str, Any] = {"cases": {c: {} for c in cases}, "arms": list(arms), "stock_runs": {}}
+    results: dict[str, Any] = {"cases": {c: {} for c in cases}, "arms": list(arms), "stock_runs": {},
+                               "step_graphs": step_graphs}
     arrivals = None if poisson_rate is None else poisson_arrivals(shapes.poisson_requests, poisson_rate)
     if poisson_rate is not None:
         results["poisson_rate_per_s"] = poisson_rate
@@ -122,7 +123,6 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
         os.environ["DETENT_PDL"] = "1" if pdl == "on" else "0"  # read at each launch (and graph capture)
         model = load(arm, file, lim)
         b = Bench(model, shapes, step_graphs)
-        results["step_graphs"] = step_graphs
         if "device" not in results:  # (the same weights in every arm)
             results["device"] = torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"
             nbytes = 1 << 30 if model.device.type == "cuda" else 1 << 27
