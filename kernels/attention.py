@@ -78,7 +78,6 @@ def attn_meta(q_lens: list[int], cached: list[int], block_table: torch.Tensor, b
                     as_t(tiles_q), block_m, pack, cu_q_host=tuple(cu), pos0_host=tuple(cached))
 
 
-
 @triton.jit
 def _kv_block(k_ptr, v_ptr, bt_ptr, req, kvh, kpos, kmask, d, stride_bt, stride_kp, stride_ks, stride_kh,
               PAGE: tl.constexpr):
@@ -254,10 +253,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     keys in one warp) round some rows differently. In bf16 the dot sums the bf16 weights the output's
     dot sums (p rounded once), so the normaliser is the numerator's own. `tree_sum` runs the former
     `tl.sum` (the tests' control, and the stock arm's sum in 128-key tiles, where it is faster); the CPU
-    path has the one arithmetic.
-
-    `out`: the [T, H, D] tensor to write the output into (a view of a larger buffer, say: the rows a
-    step's graphed pieces read, `rollout/step_graphs.py`); a new one by default."""
+    path has the one arithmetic. `out`: the [T, H, D] tensor to write into (a view of a larger buffer: the
+    rows a step's graphed pieces read, `rollout/step_graphs.py`); a new one by default."""
     _check(q, k_cache, v_cache, meta, block_n, split_size)
     T, H, D = q.shape
     if out is None:
