@@ -1,7 +1,7 @@
 """The recipe's rules for running past one process: ZeRO ranks, tensor-parallel degrees, placement, and
 the rollout backend (SGLang's engine runs in processes of its own).
 
-Called by `config._validate` once each field is valid on its own; each refusal names its key path.
+Called by `recipe_check.validate` once each field is valid on its own; each refusal names its key path.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The recipes' YAML machinery: a YAML 1.2-core dialect, and raw data -> frozen dataclasses with
 every error one line naming the file and key path (`RecipeError`). Generic over the schema: the
-recipe's sections and rules live in `config.py`.
+recipe's sections live in `config.py`, its rules in `recipe_check.py` and `recipe_parallel.py`.
 
 Type rules: bool takes only true/false, int never takes a bool, float takes ints (stored as float)
 and must be finite, tuples have their exact length, `Optional[X]` takes null, `Literal` its values,
