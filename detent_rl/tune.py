@@ -255,7 +255,7 @@ def recipe_workload(recipe_path: str, overrides: list[str]) -> tuple[CausalLM, W
 
     def build(t: CommitmentTuple) -> CausalLM:
         from detent_rl.models import load_model
-        from detent_rl.workers import DTYPES
+        from detent_rl.model_spec import DTYPES
         return load_model(spec.path, spec.arm, device=spec.device, dtype=DTYPES[spec.dtype], commitment=t,
                           max_context=spec.max_context, max_batch=spec.max_batch, max_num_tokens=spec.max_num_tokens)
     return spec.load(), workload, build

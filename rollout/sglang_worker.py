@@ -137,7 +137,7 @@ class SGLangRolloutWorker:
         return os.getpid()
 
     def placement_group(self) -> Optional[str]:
-        from detent_rl.workers import placement_group_id
+        from detent_rl.model_spec import placement_group_id
         return placement_group_id()
 
     def shutdown(self) -> None:
