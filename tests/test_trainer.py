@@ -14,7 +14,8 @@ from detent_rl.config import LossSection, TrainSection
 from detent_rl.models.runner import completion_logprobs
 from detent_rl.models.weights import weights_sha256
 from detent_rl.trainer.grpo import group_advantages, normalizer, stats_dict, tokens_loss
-from detent_rl.trainer.trainer import Sample, Trainer, micro_batches
+from detent_rl.trainer.accumulate import micro_batches
+from detent_rl.trainer.trainer import Sample, Trainer
 from test_models import LIMITS, VOCAB, hf_model, save, sequences
 
 

@@ -22,6 +22,7 @@ share is `sum(its token or sequence terms) / normalizer(minibatch)` and shares a
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import torch
@@ -83,3 +84,17 @@ def stats_dict(stats: torch.Tensor) -> dict:
     for key in ("ratio_ones", "clipped", "tokens"):
         values[key] = int(values[key])
     return values
+
+
+def no_stats() -> dict:
+    """An empty running total of `stats_dict`'s statistics, for `merge_stats`."""
+    return {"ratio_sum": 0.0, "ratio_min": math.inf, "ratio_max": -math.inf, "ratio_ones": 0, "clipped": 0,
+            "kl_sum": 0.0, "tokens": 0}
+
+
+def merge_stats(into: dict, st: dict) -> None:
+    """Add one sequence's (or minibatch's) token statistics into a running total."""
+    for key in ("ratio_sum", "ratio_ones", "clipped", "kl_sum", "tokens"):
+        into[key] += st[key]
+    into["ratio_min"] = min(into["ratio_min"], st["ratio_min"])
+    into["ratio_max"] = max(into["ratio_max"], st["ratio_max"])

@@ -22,7 +22,8 @@ from detent_rl.config import TrainSection
 from detent_rl.kernels.attention import device_tensor
 from detent_rl.models.loader import checkpoint_name
 from detent_rl.models.model import CausalLM
-from detent_rl.trainer.trainer import Sample, Trainer, _lr_factor
+from detent_rl.trainer.accumulate import lr_factor
+from detent_rl.trainer.trainer import Sample, Trainer
 
 
 def _without_dropout(model: torch.nn.Module) -> torch.nn.Module:
@@ -71,7 +72,7 @@ class StockTrainer(Trainer):
             p.requires_grad_(False)  # on only inside an update, as for Trainer's compute weights
         self.opt = torch.optim.AdamW(self.master, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                      weight_decay=cfg.weight_decay, fused=True if self.device.type == "cuda" else None)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_factor(cfg))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_factor(cfg))
         names = set(self.names)
         missing = [checkpoint_name(n, s) for n, p in layout.named_parameters() for s in getattr(p, "shard_ids", (None,))
                    if checkpoint_name(n, s) not in names]

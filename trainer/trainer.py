@@ -8,10 +8,11 @@ engine receives (`compute_weights`, with `models.weights.weights_digest` checked
 A step: `rescore` recomputes every sample's completion logprobs with no grad (the bit-check's
 right-hand side, and GRPO's logp_old); `train` splits the batch into `updates_per_batch`
 minibatches, each one optimizer step accumulated over micro-batches of at most `micro_batch_size`
-sequences and `max_tokens_per_micro_batch` tokens: a grad-enabled forward through the same kernels (kernels.autograd — the same bits as
-`rescore`, so the first minibatch's ratios are exactly 1.0), the GRPO loss, backward, and the
-micro-batch's bf16 gradients added into the fp32 masters' gradients. Then clipping, AdamW, the
-learning-rate schedule (per optimizer step), and the rounding back into the compute weights.
+sequences and `max_tokens_per_micro_batch` tokens (`accumulate.py`): a grad-enabled forward through the
+same kernels (kernels.autograd — the same bits as `rescore`, so the first minibatch's ratios are exactly
+1.0), the GRPO loss, backward, and the micro-batch's bf16 gradients added into the fp32 masters' gradients.
+Then clipping, AdamW, the learning-rate schedule (per optimizer step), and the rounding back into the
+compute weights.
 
 Under tensor parallelism (the model's `tp`, models/parallel.py) each rank trains its part: every
 rank computes the same logprobs, loss and statistics (the logits are gathered), its own parts'
@@ -35,7 +36,8 @@ from detent_rl.kernels.allreduce import all_reduce
 from detent_rl.models.model import CausalLM
 from detent_rl.models.parallel import is_sharded
 from detent_rl.models.runner import completion_logprobs
-from detent_rl.trainer.grpo import normalizer, stats_dict, tokens_loss
+from detent_rl.trainer.accumulate import FlatGrads, lr_factor, micro_batches
+from detent_rl.trainer.grpo import merge_stats, no_stats, normalizer, stats_dict, tokens_loss
 
 
 @dataclass
@@ -68,89 +70,6 @@ class TrainStats:
     peak_memory_gib: float = 0.0  # the most device memory the process held during the update (0 on the CPU)
 
 
-def _lr_factor(cfg: TrainSection):
-    total = max(1, cfg.steps * cfg.updates_per_batch)
-
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if cfg.lr_schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
-        if cfg.lr_schedule == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-    return factor
-
-
-def micro_batches(lengths: list[int], max_seqs: int, max_tokens: int, items: list) -> list[list]:
-    """`items` cut into consecutive runs of at most `max_seqs` items whose `lengths` sum to at most
-    `max_tokens` (greedy, in order). A sequence longer than `max_tokens` alone is refused, naming it:
-    the trainer's forward computes a sequence in one step."""
-    runs, run, tokens = [], [], 0
-    for i, (n, item) in enumerate(zip(lengths, items)):
-        if n > max_tokens:
-            raise ValueError(f"sample {i} has {n} tokens, more than a micro-batch's budget of {max_tokens} "
-                             f"(train.max_tokens_per_micro_batch, at most the deployment's model.max_num_tokens)")
-        if run and (len(run) == max_seqs or tokens + n > max_tokens):
-            runs.append(run)
-            run, tokens = [], 0
-        run.append(item)
-        tokens += n
-    if run:
-        runs.append(run)
-    return runs
-
-
-class _FlatGrads:
-    """The step's gradients in flat buffers: each compute weight's `.grad` is a view of one buffer per
-    dtype (autograd accumulates into an existing `.grad` in place, as DDP's bucket views rely on), and
-    each fp32 master's `.grad` a view of one fp32 buffer; `accumulate` adds a micro-batch's into the
-    masters' (one kernel per dtype) and clears it."""
-
-    def __init__(self, params: list[torch.nn.Parameter], masters: list[torch.nn.Parameter]) -> None:
-        self.pairs = []
-        if params is masters:  # fp32 weights that are their own masters (StockTrainer): autograd accumulates
-            flat = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32, device=params[0].device)
-            at = 0
-            for p in params:
-                p.grad = flat[at:at + p.numel()].view_as(p)
-                at += p.numel()
-            return
-        by_dtype: dict[torch.dtype, list[int]] = {}
-        for i, p in enumerate(params):
-            by_dtype.setdefault(p.dtype, []).append(i)
-        for members in by_dtype.values():
-            size = sum(params[i].numel() for i in members)
-            flat = torch.zeros(size, dtype=params[members[0]].dtype, device=params[members[0]].device)
-            flat_master = torch.zeros(size, dtype=torch.float32, device=masters[members[0]].device)
-            at = 0
-            for i in members:
-                n = params[i].numel()
-                params[i].grad = flat[at:at + n].view_as(params[i])
-                masters[i].grad = flat_master[at:at + n].view_as(masters[i])
-                at += n
-            self.pairs.append((flat, flat_master))
-
-    def accumulate(self) -> None:
-        for flat, flat_master in self.pairs:
-            flat_master.add_(flat)
-            flat.zero_()
-
-
-def _no_stats() -> dict:
-    return {"ratio_sum": 0.0, "ratio_min": math.inf, "ratio_max": -math.inf, "ratio_ones": 0, "clipped": 0,
-            "kl_sum": 0.0, "tokens": 0}
-
-
-def _merge(into: dict, st: dict) -> None:
-    """Add one sequence's (or minibatch's) token statistics into a running total."""
-    for key in ("ratio_sum", "ratio_ones", "clipped", "kl_sum", "tokens"):
-        into[key] += st[key]
-    into["ratio_min"] = min(into["ratio_min"], st["ratio_min"])
-    into["ratio_max"] = max(into["ratio_max"], st["ratio_max"])
-
-
 class Trainer:
     sglang: Optional[tuple[int, int]] = None  # an SGLang rollout's (split tile, context): its rows, its kernels
 
@@ -165,7 +84,7 @@ class Trainer:
         # fused on the GPU (a few kernels for all the weights; deterministic, and the same on resume)
         self.opt = torch.optim.AdamW(self.master, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                      weight_decay=cfg.weight_decay, fused=True if self.master[0].is_cuda else None)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_factor(cfg))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_factor(cfg))
 
     @property
     def weights_device(self) -> torch.device:
@@ -220,7 +139,7 @@ class Trainer:
         device = self.weights_device
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        stats = _no_stats()
+        stats = no_stats()
         losses, norms, first_ratio = [], [], None
         for m in range(0, len(samples), size):
             mb = samples[m:m + size]
@@ -230,7 +149,7 @@ class Trainer:
             norms.append(norm)
             if first_ratio is None:
                 first_ratio = mb_stats["ratio_ones"] / max(1, mb_stats["tokens"])
-            _merge(stats, mb_stats)
+            merge_stats(stats, mb_stats)
         t = max(1, stats["tokens"])
         return TrainStats(loss=sum(losses) / len(losses), grad_norm=max(norms), lr=self.sched.get_last_lr()[0],
                           ratio_mean=stats["ratio_sum"] / t, ratio_min=stats["ratio_min"],
@@ -288,7 +207,7 @@ class Trainer:
         into them in place), added into the fp32 masters' flat gradient with one kernel per micro-batch."""
         norm = self._normalizer(samples)
         device = self.master[0].device
-        grads = _FlatGrads(self.params, self.master)
+        grads = FlatGrads(self.params, self.master)
         losses, stats, kept = [], [], []
         for p in self.params:
             p.requires_grad_(True)
@@ -317,9 +236,9 @@ class Trainer:
         if seen is not None and kept:
             seen.extend(torch.cat(kept).cpu().split([len(s.tokens) - s.num_prompt for s in samples]))
         total = torch.stack(losses).sum().item()
-        agg = _no_stats()
+        agg = no_stats()
         for st in torch.stack(stats).cpu():
-            _merge(agg, stats_dict(st))
+            merge_stats(agg, stats_dict(st))
         clip = self.cfg.grad_clip
         if getattr(self.model, "tp", None) is None:  # (the stock trainer's HF model has none)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.master, clip if clip > 0 else math.inf).item()

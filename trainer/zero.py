@@ -30,8 +30,9 @@ import torch.distributed as dist
 
 from detent_rl.config import TrainSection
 from detent_rl.models.model import CausalLM
-from detent_rl.trainer.grpo import stats_dict
-from detent_rl.trainer.trainer import Sample, Trainer, _lr_factor, _merge, _no_stats
+from detent_rl.trainer.accumulate import lr_factor
+from detent_rl.trainer.grpo import merge_stats, no_stats, stats_dict
+from detent_rl.trainer.trainer import Sample, Trainer
 
 CHECKPOINT_TAG = "zero"
 
@@ -69,7 +70,7 @@ class ZeroTrainer(Trainer):
         }
         self.engine, self.opt, _, self.sched = deepspeed.initialize(
             model=model, model_parameters=self.params, config=config,
-            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, _lr_factor(cfg)))
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(cfg)))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
 
     def _update(self, samples: list[Sample], old: Optional[list[torch.Tensor]],
@@ -101,16 +102,16 @@ class ZeroTrainer(Trainer):
                 if seen is not None:
                     kept[j] = new.detach().cpu()
         self.engine.step()
-        agg = _no_stats()
+        agg = no_stats()
         for st in (torch.stack(stats).cpu() if stats else ()):
-            _merge(agg, stats_dict(st))
+            merge_stats(agg, stats_dict(st))
         grad_norm = float(self.engine.get_global_grad_norm() or 0.0)
         parts: list = [None] * self.world
         dist.all_gather_object(parts, (total.item(), agg, kept))
-        loss_sum, merged, everything = 0.0, _no_stats(), {}
+        loss_sum, merged, everything = 0.0, no_stats(), {}
         for part_loss, part_agg, part_kept in parts:
             loss_sum += part_loss
-            _merge(merged, part_agg)
+            merge_stats(merged, part_agg)
             everything.update(part_kept)
         if seen is not None:
             seen.extend(t for j in range(len(micros)) for t in everything[j].split(
