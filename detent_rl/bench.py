@@ -43,6 +43,14 @@ first at stock) and serving the first round's Poisson arrivals; each ratio is th
 rounds' paired ratios (an arm over the same round's stock run), which a drift of the machine between
 rounds does not bias (`detent_rl/bench_report.py`).
 
+`--step-graphs on` runs every arm's prefill and mixed steps through piecewise CUDA graphs (`rollout/step_graphs.py`,
+as vLLM V1 does); `--step-graphs off,on` runs each arm both ways on the same model load, the graphed runs as
+`<arm> + pieces` over stock's graphed run (the same engine features on both sides), and adds a table of each
+arm's time with the pieces over without (the rounds' paired ratios): the pieces' A/B in one run.
+
+    python -m detent_rl.bench --arms stock,tuned --cases poisson,grpo --step-graphs off,on --rounds 3 \
+        --commitment bench/tuned/h200_qwen2-0.5b_grpo32x8.json --out runs/pieces
+
 The cases themselves are `detent_rl/bench_cases.py`'s. Writes `bench.md` (the tables), `bench.json` and
 `bench.png` (time over stock per case) to --out.
 `--quick` shrinks every case (a smoke test, e.g. on the CPU with `--model tiny`).
@@ -59,7 +67,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from detent_rl.bench_cases import QUICK, Bench, Shapes, copy_bandwidth, poisson_arrivals, trace_of, weight_bytes
-from detent_rl.bench_report import merge_rounds, plot, render, time_vs_stock
+from detent_rl.bench_report import PIECES, merge_rounds, plot, render, time_vs_stock
 from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.models.model import CausalLM
 
@@ -83,7 +91,7 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
         log: Callable[[str], None] = print, arms: tuple[str, ...] = ARMS,
         stock_pdl: tuple[str, ...] = ("on", "off"), tuned: Optional[dict[str, str]] = None, *,
         limits: dict[str, dict[str, int]], first: int = 0, poisson_rate: Optional[float] = None,
-        step_graphs: bool = False) -> dict:
+        step_graphs: tuple[bool, ...] = (False,)) -> dict:
     """Every case in every arm; the results by case and arm.
 
     The stock arm runs once per `stock_pdl` setting of our kernels' programmatic dependent launch
@@ -97,10 +105,14 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
     The runs go in arm order from the `first`-th (stock's first: 0), so that rounds can each start at
     another arm: whatever a process's first run of a kernel meets (a compile, a cold cache) is not always
     the same arm's. The Poisson trace's arrival rate is `poisson_rate`, else `load_factor` x stock's
-    offline rate, which then needs stock to run first. `step_graphs`: every arm's engines run prefill and
-    mixed steps through piecewise graphs (`rollout/step_graphs.py`), as vLLM V1 does."""
-    results: dict[str, Any] = {"cases": {c: {} for c in cases}, "arms": list(arms), "stock_runs": {},
-                               "step_graphs": step_graphs}
+    offline rate, which then needs stock to run first. `step_graphs`: whether every arm's engines run prefill
+    and mixed steps through piecewise graphs (`rollout/step_graphs.py`), as vLLM V1 does; (False, True) runs
+    each arm both ways on the same model load, the graphed runs as arm `<arm> + pieces`, each against its own
+    kind of stock run (`bench_report.baseline`); the gemm case runs once, without."""
+    both = len(step_graphs) > 1
+    names = [arm + (PIECES if both and pieces else "") for arm in arms for pieces in step_graphs]
+    results: dict[str, Any] = {"cases": {c: {} for c in cases}, "arms": names, "stock_runs": {},
+                               "step_graphs": step_graphs[0] if not both else "both"}
     arrivals = None if poisson_rate is None else poisson_arrivals(shapes.poisson_requests, poisson_rate)
     if poisson_rate is not None:
         results["poisson_rate_per_s"] = poisson_rate
@@ -122,14 +134,15 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
     for arm, pdl, arm_cases, file, lim in runs:
         os.environ["DETENT_PDL"] = "1" if pdl == "on" else "0"  # read at each launch (and graph capture)
         model = load(arm, file, lim)
-        b = Bench(model, shapes, step_graphs)
         if "device" not in results:  # (the same weights in every arm)
             results["device"] = torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"
             nbytes = 1 << 30 if model.device.type == "cuda" else 1 << 27
             results["copy_bandwidth_gbs"] = copy_bandwidth(model.device, nbytes) / 1e9
             results["weight_bytes"] = weight_bytes(model)
-        for case in arm_cases:
-            log(f"{arm}, PDL {pdl}: {case}" + (f" ({file})" if file is not None else ""))
+        for pieces, case in [(p, c) for p in step_graphs for c in arm_cases if not (c == "gemm" and p and both)]:
+            b = Bench(model, shapes, pieces)
+            name = arm + (PIECES if both and pieces else "")
+            log(f"{name}, PDL {pdl}: {case}" + (f" ({file})" if file is not None else ""))
             if case == "decode-1":
                 r = b.decode(1, shapes.decode_prompt, shapes.decode_new)
                 roofline_ms = 1e3 * results["weight_bytes"] / (results["copy_bandwidth_gbs"] * 1e9)
@@ -157,12 +170,14 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
             if file is not None:
                 r["commitment"] = str(file)
             if arm == "stock":
+                r["pieces"] = pieces
                 results["stock_runs"].setdefault(case, []).append(r)
-                held = results["cases"][case].get("stock")
+                held = results["cases"][case].get(name)
                 if held is not None and time_vs_stock(case, r, held) >= 1.0:
                     continue  # the faster stock run stays the baseline
-            results["cases"][case][arm] = r
-        del b, model
+            results["cases"][case][name] = r
+            del b
+        del model
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     os.environ.pop("DETENT_PDL", None)
@@ -229,9 +244,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="run the arms this many times in turn, each round loading them afresh; a ratio is then "
                          "the median of the rounds' paired ratios (gemm runs in the first round only)")
-    ap.add_argument("--step-graphs", default="off", choices=("on", "off"),
+    ap.add_argument("--step-graphs", default="off", choices=("on", "off", "off,on"),
                     help="every arm runs its prefill and mixed steps through piecewise CUDA graphs "
-                         "(rollout/step_graphs.py)")
+                         "(rollout/step_graphs.py); off,on: each arm both ways in the same run, the graphed runs "
+                         "as '<arm> + pieces' against stock's graphed run")
     ap.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
     ap.add_argument("--out", required=True, help="folder for bench.md, bench.json, bench.png")
     args = ap.parse_args(argv)
@@ -280,7 +296,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         done.append(run(load, cases if i == 0 else [c for c in cases if c != "gemm"], shapes, args.load,
                         arms=arms, stock_pdl=stock_pdl, tuned=tuned, limits=limits, first=i,
                         poisson_rate=done[0].get("poisson_rate_per_s") if done else None,
-                        step_graphs=args.step_graphs == "on"))
+                        step_graphs=tuple(x == "on" for x in args.step_graphs.split(","))))
         results = merge_rounds(done)
         results.update(model=args.model, dtype=args.dtype, limits=limits, quick=args.quick, rounds_asked=args.rounds,
                        commitment={c: {"file": f, "sha256": tuples[f].sha256()} for c, f in tuned.items()} or None)

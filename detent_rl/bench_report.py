@@ -11,6 +11,12 @@ import statistics
 from pathlib import Path
 
 MAIN_METRIC = {"decode-1": "ms_per_step", "decode-32": "ms_per_step", "poisson": "p50_ms", "long": "ms_per_step"}
+PIECES = " + pieces"  # an arm's runs through piecewise step graphs, beside its plain runs (`--step-graphs off,on`)
+
+
+def baseline(arm: str) -> str:
+    """The stock run an arm's time is over: stock's own kind (`stock + pieces` for an arm's graphed runs)."""
+    return "stock" + (PIECES if arm.endswith(PIECES) else "")
 
 
 def time_vs_stock(case: str, r: dict, stock: dict) -> float:
@@ -21,11 +27,20 @@ def time_vs_stock(case: str, r: dict, stock: dict) -> float:
 
 
 def ratio(results: dict, case: str, arm: str) -> float:
-    """The case's time vs stock: the median of the rounds' paired ratios where there were rounds."""
+    """The case's time vs its stock run (`baseline`): the median of the rounds' paired ratios where there were
+    rounds."""
     rounds = results.get("round_ratios", {}).get(case, {}).get(arm)
     if rounds:
         return statistics.median(rounds)
-    return time_vs_stock(case, results["cases"][case][arm], results["cases"][case]["stock"])
+    return time_vs_stock(case, results["cases"][case][arm], results["cases"][case][baseline(arm)])
+
+
+def pieces_effect(results: dict, case: str, arm: str) -> tuple[float, list[float]]:
+    """An arm's time through the pieces over its time without, on a case: the median of the rounds' paired
+    ratios (each round's graphed run over the same round's plain run), and those ratios."""
+    rounds = results.get("rounds") or [results["cases"]]
+    each = [time_vs_stock(case, r[case][arm + PIECES], r[case][arm]) for r in rounds]
+    return statistics.median(each), each
 
 
 def merge_rounds(rounds: list[dict]) -> dict:
@@ -41,8 +56,8 @@ def merge_rounds(rounds: list[dict]) -> dict:
             cases[case] = arms
             continue
         runs = {arm: [r["cases"][case][arm] for r in rounds] for arm in arms}
-        ratios[case] = {arm: [time_vs_stock(case, r["cases"][case][arm], r["cases"][case]["stock"]) for r in rounds]
-                        for arm in arms}
+        ratios[case] = {arm: [time_vs_stock(case, r["cases"][case][arm], r["cases"][case][baseline(arm)])
+                              for r in rounds] for arm in arms}
         cases[case] = {arm: _median_run(case, rs) for arm, rs in runs.items()}
     stock_runs: dict[str, list] = {}
     for r in rounds:
@@ -66,7 +81,9 @@ def render(results: dict) -> str:
     out = [f"device {results['device']}; copy bandwidth {results['copy_bandwidth_gbs']:.0f} GB/s (read + write); "
            f"weights {results['weight_bytes'] / 1e9:.3f} GB" + (f"; {rounds} of {asked} rounds done" if asked > rounds
                                                                else "")
-           + ("; prefill and mixed steps through piecewise graphs, every arm" if results.get("step_graphs") else ""),
+           + ("; prefill and mixed steps through piecewise graphs, every arm" if results.get("step_graphs") is True
+              else "; each arm also through piecewise step graphs ('+ pieces', over stock's graphed run)"
+              if results.get("step_graphs") == "both" else ""),
            "",
            f"| case | arm | result | {head} |", "|---|---|---|---|"]
     for case, arms in results["cases"].items():
@@ -86,10 +103,19 @@ def render(results: dict) -> str:
             else:
                 text = f"{r['ms_per_step']:.3f} ms/step" + (f", {r['roofline_pct']:.0f} % of roofline"
                                                             if "roofline_pct" in r else "")
-            label = f"{arm} (PDL {r['pdl']})" if arm == "stock" and "pdl" in r else arm
+            label = f"{arm} (PDL {r['pdl']})" if baseline(arm) == arm and "pdl" in r else arm
             each = results.get("round_ratios", {}).get(case, {}).get(arm)
             spread = f" ({', '.join(f'{x:.2f}' for x in each)})" if each else ""
             out.append(f"| {case} | {label} | {text} | {ratio(results, case, arm):.2f}x{spread} |")
+    twins = [(case, arm) for case, arms in results["cases"].items() if case != "gemm" for arm in arms
+             if arm + PIECES in arms]
+    if twins:
+        out += ["", "Through the pieces over without, the same arm (median of the rounds' paired ratios):", "",
+                "| case | arm | time with / without |", "|---|---|---|"]
+        for case, arm in twins:
+            mid, each = pieces_effect(results, case, arm)
+            out.append(f"| {case} | {arm} | {mid:.2f}x" + (f" ({', '.join(f'{x:.2f}' for x in each)})"
+                                                           if len(each) > 1 else "") + " |")
     tuples = results.get("commitment") or {}
     if len({t["file"] for t in tuples.values()}) > 1:  # each case's tuple, where they differ
         out += ["", "tuned: " + "; ".join(f"{case} with {t['file']} ({t['sha256'][:12]})"

@@ -48,6 +48,31 @@ def test_step_graphs_run_in_every_arm(tmp_path, capsys):
     assert "piecewise graphs, every arm" in (tmp_path / "bench.md").read_text()
 
 
+def test_step_graphs_off_and_on_in_one_run_pair_each_arm_with_its_own_kind_of_stock(tmp_path, capsys):
+    assert main(["--model", "tiny", "--device", "cpu", "--dtype", "float32", "--quick", "--cases", "poisson,grpo",
+                 "--arms", "stock,detent", "--stock-pdl", "on", "--step-graphs", "off,on", "--rounds", "2",
+                 "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    arms = ["stock", "stock + pieces", "detent", "detent + pieces"]
+    assert data["step_graphs"] == "both" and data["arms"] == arms
+    assert all(set(r[c]) == set(arms) for r in data["rounds"] for c in ("poisson", "grpo"))
+    for r in data["rounds"]:  # only the graphed runs went through the pieces
+        assert all(("piece_steps" in r[c][a]) == a.endswith("pieces") for c in ("poisson", "grpo") for a in arms)
+        assert all(r[c][a]["piece_steps"] > 0 for c in ("poisson", "grpo") for a in arms if a.endswith("pieces"))
+    grpo = [{a: r["grpo"][a]["tok_per_s"] for a in arms} for r in data["rounds"]]
+    ratios = data["round_ratios"]["grpo"]
+    assert ratios["stock + pieces"] == [1.0, 1.0]  # over its own kind of stock run, not the plain one
+    assert ratios["detent + pieces"] == pytest.approx([g["stock + pieces"] / g["detent + pieces"] for g in grpo])
+    assert ratios["detent"] == pytest.approx([g["stock"] / g["detent"] for g in grpo])
+    table = (tmp_path / "bench.md").read_text()
+    assert "each arm also through piecewise step graphs" in table and "| stock + pieces (PDL on) |" in table
+    effect = sorted(g["detent"] / g["detent + pieces"] for g in grpo)
+    assert "Through the pieces over without" in table and f"| grpo | detent | {sum(effect) / 2:.2f}x (" in table
+    with pytest.raises(SystemExit):
+        main(["--step-graphs", "on,off", "--out", str(tmp_path)])
+    assert "--step-graphs: invalid choice: 'on,off'" in capsys.readouterr().err
+
+
 def test_rounds_pair_each_ratio_with_its_own_stock_run(tmp_path, capsys):
     assert main(["--model", "tiny", "--device", "cpu", "--dtype", "float32", "--quick", "--cases",
                  "decode-1,grpo,poisson", "--arms", "stock,detent", "--stock-pdl", "on", "--rounds", "3",
