@@ -24,6 +24,7 @@ from detent_rl.kernels.attention import pack_of
 from detent_rl.kernels.autograd import (attention_autograd, embedding_autograd, linear_autograd,
                                        rmsnorm_autograd, rotary_autograd, rotary_store_autograd,
                                        silu_and_mul_autograd)
+from detent_rl.kernels import matmul_gated
 from detent_rl.kernels.matmul import launch_params, stock_linear
 from detent_rl.kernels.selections import KernelSelections
 from detent_rl.models.config import ModelConfig
@@ -200,7 +201,8 @@ class RotaryEmbedding(nn.Module):
 
 
 class MLP(nn.Module):
-    """down(silu(gate(x)) * up(x)), gate and up fused into one matmul."""
+    """down(silu(gate(x)) * up(x)), gate and up fused into one matmul; without a gradient, with
+    `DETENT_GATED_MLP=1`, SiLU-and-mul runs in that matmul's epilogue (`kernels/matmul_gated.py`: the same bits)."""
 
     def __init__(self, hidden: int, intermediate: int, bias: bool, selections: KernelSelections,
                  device: Device, dtype: torch.dtype, tp: TensorParallel | None = None) -> None:
@@ -213,8 +215,14 @@ class MLP(nn.Module):
         self._select = selections.get("elementwise", width=width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = silu_and_mul_autograd(self.gate_up_proj(x), block=self._select(x.shape[0]).block)
-        return self.down_proj(h)
+        gate_up, block = self.gate_up_proj, self._select(x.shape[0]).block
+        if (not gate_up._stock and matmul_gated.enabled()
+                and not (torch.is_grad_enabled() and (x.requires_grad or gate_up.weight.requires_grad))):
+            launch = launch_params(gate_up._select(x.shape[0]))  # SiLU-and-mul in the projection's epilogue
+            if matmul_gated.fusable(launch, gate_up.weight.shape[1]):
+                return self.down_proj(matmul_gated.gate_up_silu(x, gate_up.weight, gate_up.bias, block=block,
+                                                                **launch))
+        return self.down_proj(silu_and_mul_autograd(gate_up(x), block=block))
 
 
 def local_heads(config: ModelConfig, tp: TensorParallel | None) -> tuple[int, int]:
