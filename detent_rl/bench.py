@@ -51,6 +51,10 @@ arm's time with the pieces over without (the rounds' paired ratios): the pieces'
     python -m detent_rl.bench --arms stock,tuned --cases poisson,grpo --step-graphs off,on --rounds 3 \
         --commitment bench/tuned/h200_qwen2-0.5b_grpo32x8.json --out runs/pieces
 
+`--gated-mlp on` runs the pinned arms' SiLU-and-mul in the gate/up projection's epilogue (`DETENT_GATED_MLP=1`,
+`kernels/matmul_gated.py`: the same bits, one launch a layer less); `off,on` runs them both ways, as `<arm> + gated`
+over the plain stock run (stock never takes it), with a table of each arm's time with it over without.
+
 The cases themselves are `detent_rl/bench_cases.py`'s. Writes `bench.md` (the tables), `bench.json` and
 `bench.png` (time over stock per case) to --out.
 `--quick` shrinks every case (a smoke test, e.g. on the CPU with `--model tiny`).
@@ -67,7 +71,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from detent_rl.bench_cases import QUICK, Bench, Shapes, copy_bandwidth, poisson_arrivals, trace_of, weight_bytes
-from detent_rl.bench_report import PIECES, merge_rounds, plot, render, time_vs_stock
+from detent_rl.bench_report import merge_rounds, plot, render, time_vs_stock, variant
 from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.models.model import CausalLM
 
@@ -91,7 +95,7 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
         log: Callable[[str], None] = print, arms: tuple[str, ...] = ARMS,
         stock_pdl: tuple[str, ...] = ("on", "off"), tuned: Optional[dict[str, str]] = None, *,
         limits: dict[str, dict[str, int]], first: int = 0, poisson_rate: Optional[float] = None,
-        step_graphs: tuple[bool, ...] = (False,)) -> dict:
+        step_graphs: tuple[bool, ...] = (False,), gated_mlp: tuple[bool, ...] = (False,)) -> dict:
     """Every case in every arm; the results by case and arm.
 
     The stock arm runs once per `stock_pdl` setting of our kernels' programmatic dependent launch
@@ -108,11 +112,23 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
     offline rate, which then needs stock to run first. `step_graphs`: whether every arm's engines run prefill
     and mixed steps through piecewise graphs (`rollout/step_graphs.py`), as vLLM V1 does; (False, True) runs
     each arm both ways on the same model load, the graphed runs as arm `<arm> + pieces`, each against its own
-    kind of stock run (`bench_report.baseline`); the gemm case runs once, without."""
-    both = len(step_graphs) > 1
-    names = [arm + (PIECES if both and pieces else "") for arm in arms for pieces in step_graphs]
+    kind of stock run (`bench_report.baseline`). `gated_mlp`: whether the runs set DETENT_GATED_MLP=1 (the pinned
+    arms' SiLU-and-mul in the gate/up projection's epilogue, `kernels/matmul_gated.py`); (False, True) runs the
+    pinned arms both ways too, as `<arm> + gated` (over the plain stock run: stock never takes it). The gemm case
+    runs once, plain. DETENT_PDL and DETENT_GATED_MLP are set for each run and put back as they were after."""
+    variants = [(p, g) for p in step_graphs for g in gated_mlp]
+    both_p, both_g = len(step_graphs) > 1, len(gated_mlp) > 1
+
+    def name_of(arm: str, pieces: bool, gated: bool) -> Optional[str]:
+        """The run's arm name; None for a run not made (stock's gated twin: the same run as its plain one)."""
+        if arm == "stock" and gated and both_g:
+            return None
+        return variant(arm, *(["pieces"] if pieces and both_p else []), *(["gated"] if gated and both_g else []))
+    names = [n for arm in arms for p, g in variants if (n := name_of(arm, p, g)) is not None]
     results: dict[str, Any] = {"cases": {c: {} for c in cases}, "arms": names, "stock_runs": {},
-                               "step_graphs": step_graphs[0] if not both else "both"}
+                               "step_graphs": step_graphs[0] if not both_p else "both",
+                               "gated_mlp": gated_mlp[0] if not both_g else "both"}
+    saved = {k: os.environ.get(k) for k in ("DETENT_PDL", "DETENT_GATED_MLP")}
     arrivals = None if poisson_rate is None else poisson_arrivals(shapes.poisson_requests, poisson_rate)
     if poisson_rate is not None:
         results["poisson_rate_per_s"] = poisson_rate
@@ -139,9 +155,12 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
             nbytes = 1 << 30 if model.device.type == "cuda" else 1 << 27
             results["copy_bandwidth_gbs"] = copy_bandwidth(model.device, nbytes) / 1e9
             results["weight_bytes"] = weight_bytes(model)
-        for pieces, case in [(p, c) for p in step_graphs for c in arm_cases if not (c == "gemm" and p and both)]:
+        for (pieces, gated), case in [(v, c) for v in variants for c in arm_cases]:
+            name = name_of(arm, pieces, gated)
+            if name is None or (case == "gemm" and name != arm):
+                continue
+            os.environ["DETENT_GATED_MLP"] = "1" if gated else "0"  # read at each MLP call (and graph capture)
             b = Bench(model, shapes, pieces)
-            name = arm + (PIECES if both and pieces else "")
             log(f"{name}, PDL {pdl}: {case}" + (f" ({file})" if file is not None else ""))
             if case == "decode-1":
                 r = b.decode(1, shapes.decode_prompt, shapes.decode_new)
@@ -180,7 +199,11 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
         del model
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    os.environ.pop("DETENT_PDL", None)
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     return results
 
 
@@ -248,6 +271,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="every arm runs its prefill and mixed steps through piecewise CUDA graphs "
                          "(rollout/step_graphs.py); off,on: each arm both ways in the same run, the graphed runs "
                          "as '<arm> + pieces' against stock's graphed run")
+    ap.add_argument("--gated-mlp", default="off", choices=("on", "off", "off,on"),
+                    help="the pinned arms run SiLU-and-mul in the gate/up projection's epilogue (DETENT_GATED_MLP=1, "
+                         "kernels/matmul_gated.py); off,on: both ways in the same run, as '<arm> + gated'")
     ap.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
     ap.add_argument("--out", required=True, help="folder for bench.md, bench.json, bench.png")
     args = ap.parse_args(argv)
@@ -296,7 +322,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         done.append(run(load, cases if i == 0 else [c for c in cases if c != "gemm"], shapes, args.load,
                         arms=arms, stock_pdl=stock_pdl, tuned=tuned, limits=limits, first=i,
                         poisson_rate=done[0].get("poisson_rate_per_s") if done else None,
-                        step_graphs=tuple(x == "on" for x in args.step_graphs.split(","))))
+                        step_graphs=tuple(x == "on" for x in args.step_graphs.split(",")),
+                        gated_mlp=tuple(x == "on" for x in args.gated_mlp.split(","))))
         results = merge_rounds(done)
         results.update(model=args.model, dtype=args.dtype, limits=limits, quick=args.quick, rounds_asked=args.rounds,
                        commitment={c: {"file": f, "sha256": tuples[f].sha256()} for c, f in tuned.items()} or None)

@@ -11,12 +11,21 @@ import statistics
 from pathlib import Path
 
 MAIN_METRIC = {"decode-1": "ms_per_step", "decode-32": "ms_per_step", "poisson": "p50_ms", "long": "ms_per_step"}
-PIECES = " + pieces"  # an arm's runs through piecewise step graphs, beside its plain runs (`--step-graphs off,on`)
+VARIANTS = ("pieces", "gated")  # an arm's runs through piecewise step graphs / with the gated MLP epilogue, beside
+# its plain runs (`--step-graphs off,on`, `--gated-mlp off,on`): named `<arm> + pieces`, `<arm> + pieces + gated`, ...
+
+
+def variant(arm: str, *flags: str) -> str:
+    """The arm's run with `flags` (of VARIANTS) added to its own, named in VARIANTS' order."""
+    base, *have = arm.split(" + ")
+    return " + ".join([base] + [v for v in VARIANTS if v in have or v in flags])
 
 
 def baseline(arm: str) -> str:
-    """The stock run an arm's time is over: stock's own kind (`stock + pieces` for an arm's graphed runs)."""
-    return "stock" + (PIECES if arm.endswith(PIECES) else "")
+    """The stock run an arm's time is over: stock's own kind of run, the same engine features on both sides
+    (`stock + pieces` for an arm's graphed runs); stock never takes the gated MLP (a stock engine runs cuBLAS and
+    the separate SiLU-and-mul kernel), so a gated run is over the plain stock run."""
+    return variant("stock", *(v for v in arm.split(" + ")[1:] if v != "gated"))
 
 
 def time_vs_stock(case: str, r: dict, stock: dict) -> float:
@@ -35,11 +44,11 @@ def ratio(results: dict, case: str, arm: str) -> float:
     return time_vs_stock(case, results["cases"][case][arm], results["cases"][case][baseline(arm)])
 
 
-def pieces_effect(results: dict, case: str, arm: str) -> tuple[float, list[float]]:
-    """An arm's time through the pieces over its time without, on a case: the median of the rounds' paired
-    ratios (each round's graphed run over the same round's plain run), and those ratios."""
+def effect(results: dict, case: str, arm: str, flag: str) -> tuple[float, list[float]]:
+    """An arm's time with `flag` (of VARIANTS) over its time without, on a case: the median of the rounds'
+    paired ratios (each round's run with it over the same round's run without), and those ratios."""
     rounds = results.get("rounds") or [results["cases"]]
-    each = [time_vs_stock(case, r[case][arm + PIECES], r[case][arm]) for r in rounds]
+    each = [time_vs_stock(case, r[case][variant(arm, flag)], r[case][arm]) for r in rounds]
     return statistics.median(each), each
 
 
@@ -83,7 +92,10 @@ def render(results: dict) -> str:
                                                                else "")
            + ("; prefill and mixed steps through piecewise graphs, every arm" if results.get("step_graphs") is True
               else "; each arm also through piecewise step graphs ('+ pieces', over stock's graphed run)"
-              if results.get("step_graphs") == "both" else ""),
+              if results.get("step_graphs") == "both" else "")
+           + ("; the gated MLP epilogue on (DETENT_GATED_MLP=1)" if results.get("gated_mlp") is True
+              else "; the pinned arms also with the gated MLP epilogue ('+ gated', over stock's run)"
+              if results.get("gated_mlp") == "both" else ""),
            "",
            f"| case | arm | result | {head} |", "|---|---|---|---|"]
     for case, arms in results["cases"].items():
@@ -107,13 +119,15 @@ def render(results: dict) -> str:
             each = results.get("round_ratios", {}).get(case, {}).get(arm)
             spread = f" ({', '.join(f'{x:.2f}' for x in each)})" if each else ""
             out.append(f"| {case} | {label} | {text} | {ratio(results, case, arm):.2f}x{spread} |")
-    twins = [(case, arm) for case, arms in results["cases"].items() if case != "gemm" for arm in arms
-             if arm + PIECES in arms]
-    if twins:
-        out += ["", "Through the pieces over without, the same arm (median of the rounds' paired ratios):", "",
+    for flag, what in (("pieces", "through the pieces"), ("gated", "with the gated MLP epilogue")):
+        twins = [(case, arm) for case, arms in results["cases"].items() if case != "gemm" for arm in arms
+                 if flag not in arm.split(" + ") and variant(arm, flag) in arms]
+        if not twins:
+            continue
+        out += ["", f"Time {what} over without, the same arm (median of the rounds' paired ratios):", "",
                 "| case | arm | time with / without |", "|---|---|---|"]
         for case, arm in twins:
-            mid, each = pieces_effect(results, case, arm)
+            mid, each = effect(results, case, arm, flag)
             out.append(f"| {case} | {arm} | {mid:.2f}x" + (f" ({', '.join(f'{x:.2f}' for x in each)})"
                                                            if len(each) > 1 else "") + " |")
     tuples = results.get("commitment") or {}

@@ -67,10 +67,29 @@ def test_step_graphs_off_and_on_in_one_run_pair_each_arm_with_its_own_kind_of_st
     table = (tmp_path / "bench.md").read_text()
     assert "each arm also through piecewise step graphs" in table and "| stock + pieces (PDL on) |" in table
     effect = sorted(g["detent"] / g["detent + pieces"] for g in grpo)
-    assert "Through the pieces over without" in table and f"| grpo | detent | {sum(effect) / 2:.2f}x (" in table
+    assert "Time through the pieces over without" in table and f"| grpo | detent | {sum(effect) / 2:.2f}x (" in table
     with pytest.raises(SystemExit):
         main(["--step-graphs", "on,off", "--out", str(tmp_path)])
     assert "--step-graphs: invalid choice: 'on,off'" in capsys.readouterr().err
+
+
+def test_the_gated_mlp_off_and_on_in_one_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DETENT_GATED_MLP", "x")  # the runs set it; it is put back after
+    assert main(["--model", "tiny", "--device", "cpu", "--dtype", "float32", "--quick", "--cases", "decode-1,grpo",
+                 "--arms", "stock,detent", "--stock-pdl", "on", "--gated-mlp", "off,on", "--step-graphs", "off,on",
+                 "--out", str(tmp_path)]) == 0
+    import os
+    assert os.environ["DETENT_GATED_MLP"] == "x"
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["gated_mlp"] == "both" and data["step_graphs"] == "both"
+    assert data["arms"] == ["stock", "stock + pieces", "detent", "detent + gated", "detent + pieces",
+                            "detent + pieces + gated"]  # stock's gated twin would be its plain run: not made
+    grpo = {a: r["tok_per_s"] for a, r in data["cases"]["grpo"].items()}
+    table = (tmp_path / "bench.md").read_text()
+    for arm, stock in (("detent + gated", "stock"), ("detent + pieces + gated", "stock + pieces")):
+        assert f"| grpo | {arm} |" in table and f"{grpo[stock] / grpo[arm]:.2f}x |" in table
+    assert "Time with the gated MLP epilogue over without" in table and "Time through the pieces over" in table
+    assert f"| grpo | detent + pieces | {grpo['detent + pieces'] / grpo['detent + pieces + gated']:.2f}x |" in table
 
 
 def test_rounds_pair_each_ratio_with_its_own_stock_run(tmp_path, capsys):
