@@ -21,8 +21,8 @@ import torch
 
 from detent_rl.kernels._triton import env, interpreting, pdl, pdl_enter, tl, triton
 from detent_rl.kernels.launch import launch
-from detent_rl.kernels.matmul import _tile_offsets, linear
-from detent_rl.kernels.silu_and_mul import silu_and_mul
+from detent_rl.kernels.matmul import _tile_offsets, linear, linear_ref
+from detent_rl.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
 
 
 def enabled() -> bool:
@@ -120,3 +120,8 @@ def gate_up_silu(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, *,
            UPCAST=interpreting() and x.dtype != torch.float32, num_warps=launch_params.get("num_warps", 4),
            num_stages=launch_params.get("num_stages", 3), **pdl(x))
     return out
+
+
+def gate_up_silu_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """HF's `act_fn(gate_proj(x)) * up_proj(x)` through the fp32 references (`linear_ref`, `silu_and_mul_ref`)."""
+    return silu_and_mul_ref(linear_ref(x, w, bias))

@@ -33,13 +33,25 @@ def test_fusable_takes_the_triton_tile_and_leaves_the_rest_to_the_two_kernels():
                        silu_and_mul(linear(x, w, None, **tile), block=64))
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)], ids=["fp32", "bf16"])
+def test_gate_up_silu_matches_the_reference(dtype, tol):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(37, 896, generator=g).to(dtype)
+    w, b = (torch.randn(256, 896, generator=g) / 30).to(dtype), torch.randn(256, generator=g).to(dtype)
+    tile = dict(chunk=128, parallel=False, block_m=16, block_n=64, block_k=64, wgmma=False)
+    got, want = matmul_gated.gate_up_silu(x, w, b, block=64, **tile), matmul_gated.gate_up_silu_ref(x, w, b)
+    assert got.shape == (37, 128) and got.dtype == dtype
+    err = (got.float() - want.float()).abs().max().item() / max(want.float().abs().max().item(), 1.0)
+    assert err <= tol, err
+
+
 def test_gate_up_silu_interpreted_gives_the_two_kernels_bits():
     # the interpreter's tl.dot sums every element in k order (`ordered_dot`), so the two launches' rows are
     # comparable bit for bit here whatever the tile; the GPU's own bits are the gpu tests' below
     out = run_interpreted(r'''
 import torch
 from detent_rl.kernels.matmul import linear
-from detent_rl.kernels.matmul_gated import gate_up_silu
+from detent_rl.kernels.matmul_gated import gate_up_silu, gate_up_silu_ref
 from detent_rl.kernels.silu_and_mul import _silu_and_mul_triton
 g = torch.Generator().manual_seed(0)
 bad, seen = [], 0
@@ -59,6 +71,9 @@ for dtype in (torch.float32, torch.bfloat16):
                 seen += 1
                 if not torch.equal(one, two):
                     bad.append((str(dtype), tile["chunk"], tile["block_k"], bias is not None, m))
+                want = gate_up_silu_ref(x[:m], w, bias).float()
+                if (one.float() - want).abs().max() > (1e-4 if dtype == torch.float32 else 3e-2) * want.abs().max():
+                    bad.append(("reference", str(dtype), tile["chunk"], m))
     # controls: another partition's sums, and SiLU on the unrounded projection, differ somewhere
     base = dict(parallel=False, block_m=16, block_n=64, block_k=32, group_m=8, num_warps=4, num_stages=3,
                 wgmma=False, swap_ab=False, persistent=False)
@@ -105,6 +120,10 @@ def test_gpu_gate_up_silu_gives_the_two_kernels_bits_under_every_triton_schedule
                     rows = (one != two).any(dim=1).nonzero().flatten().tolist()
                     bad.append(f"{launch} at M = {m}: rows {rows[:4]}")
     assert seen > 40 and bad == []
+    want = matmul_gated.gate_up_silu_ref(x, w).float()
+    got = matmul_gated.gate_up_silu(x, w, None, block=1024, chunk=k, parallel=False, block_m=64, block_n=128,
+                                    block_k=64, wgmma=False).float()
+    assert (got - want).abs().max() <= (1e-4 if dtype == torch.float32 else 3e-2) * want.abs().max()
     # control: SiLU on the unrounded projection (what a fusion that skipped the rounding would give)
     p = linear(x, w, None, chunk=k, parallel=False, block_m=64, block_n=128, block_k=64, out_dtype=torch.float32)
     d = n // 2
