@@ -104,11 +104,17 @@ def site_key(family: str, site: dict) -> str:
     return family + "".join(f"[{k}={site[k]}]" for k in sorted(site))
 
 
+DET_TILE_CHOICE = 1
+
+
 def det_assignment(family: str, facts: dict, sol: Solution) -> tuple[dict, dict]:
     """The det arm's (pins, knobs) of one family: its conservative configuration, no split."""
-    if family == "matmul":  # K in one piece (no split-K) and the largest bucket's schedule for every M
+    if family == "matmul":  # K in one piece (no split-K) and one schedule for every M
         pins = {"chunk": max(sol.candidates["chunk"])} if "chunk" in sol.pin_nodes else {}
-        return pins, {"schedule_by_m": False}
+        # The deterministic modes' one GEMM config (vLLM's and SGLang's batch-invariant matmul, bf16): 128 x 128 x
+        # 64, 8 warps, 3 stages, groups of 8 (the 8192 bucket's choice 1). The bucket's default 128 x 256 Triton
+        # tile spills 1,668 bytes a thread (Triton 3.6, sm_90a: bench/sm90_compile.py), a weaker baseline.
+        return pins, {"schedule_by_m": False, "tile_8192": DET_TILE_CHOICE}
     if family == "attention":  # causal tiles for prefill and decode alike; one split covers the context
         block_n = attention.triton_tile.fn(True)[1]
         span = -(-facts["max_context"] // block_n) * block_n

@@ -71,6 +71,12 @@ def test_det_arm_is_one_unsplit_configuration_per_site():
     sel = KernelSelections(QWEN2_05B, "det")
     mm = sel.get("matmul", n=1152, k=896)
     assert mm(1) == mm(7) == mm(8192) and mm(1).chunk == 896 and not mm(1).tile_parallel  # one schedule, no split
+    # the deterministic modes' one GEMM config (vLLM's and SGLang's batch-invariant bf16 matmul), on every site
+    for n, k in ((1152, 896), (896, 4864), (151936, 896)):
+        site = sel.get("matmul", n=n, k=k)
+        assert all((s.tile_block_m, s.tile_block_n, s.tile_block_k, s.tile_num_warps, s.tile_num_stages,
+                    s.tile_group_m, s.tile_wgmma, s.chunk >= k) == (128, 128, 64, 8, 3, 8, False, True)
+                   for s in map(site, (1, 300, 8192))), (n, k)
     att = sel.get("attention")
     one = att(1, 1, 1, 10)
     assert att.bits(one) == att.bits(att(64, 300, 2000, 4000)) == att.bits(att(128, 1, 128, 4096))

@@ -14,7 +14,8 @@ pins `chunk` (one partition for every M) and lets the schedule follow M: a small
 pinned chunks in parallel, a large-M call runs them in sequence inside big tiles.
 
 The `schedule_by_m` knob turns that off (the largest bucket's schedule for every M): what the det
-arm runs, the way engines' deterministic modes fix one GEMM config for every batch. The
+arm runs, the way engines' deterministic modes fix one GEMM config for every batch (with `tile_8192` 1,
+their bf16 config: `selections.det_assignment`). The
 `tile_<bucket>` knobs pick each bucket's schedule among a few (TILE_CHOICES): bit-neutral, so the
 tuner may choose them per site and per M bucket.
 """
