@@ -83,13 +83,17 @@ def _gate_up_silu_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, D, K, num_chunks, stri
     tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on, y, mask=mask)
 
 
+FUSED_MIN_BLOCK_N = 64  # the selection's tile width from which the one launch is taken (half of it: 32 columns)
+
+
 def fusable(launch_params: dict, k: int) -> bool:
     """Whether a gate/up selection's schedule (`matmul.launch_params`) is one `gate_up_silu` computes: the
-    Triton tile (not the warpgroup kernel), sequential or over one chunk, half its columns still a `tl.dot`
-    operand (16 or more)."""
+    Triton tile (not the warpgroup kernel), sequential or over one chunk, at least FUSED_MIN_BLOCK_N wide. (On the
+    H200, the 0.5B gate/up: the 16 x 64 tile's one launch took 7.8 µs at M = 1-8 against the two launches' 9.1-9.5;
+    the 16 x 32 tile's, 16 columns a program, 9.7-13.5 against 8.9-12.0: docs/BENCHMARKS.md, session 35.)"""
     one_chunk = launch_params["chunk"] >= -(-k // launch_params["block_k"]) * launch_params["block_k"]
     return (not launch_params["wgmma"] and (not launch_params["parallel"] or one_chunk)
-            and launch_params["block_n"] >= 32)
+            and launch_params["block_n"] >= FUSED_MIN_BLOCK_N)
 
 
 def gate_up_silu(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, *, block: int, **launch_params

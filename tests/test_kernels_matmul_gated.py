@@ -23,7 +23,7 @@ def test_fusable_takes_the_triton_tile_and_leaves_the_rest_to_the_two_kernels():
     assert matmul_gated.fusable({**tile, "chunk": 128, "parallel": False}, 896)  # sequential chunks
     assert not matmul_gated.fusable({**tile, "chunk": 128}, 896)  # parallel chunk sums: the combine kernel's
     assert not matmul_gated.fusable({**tile, "wgmma": True}, 896)  # the warpgroup kernel
-    assert not matmul_gated.fusable({**tile, "block_n": 16}, 896)  # half a tile of 16 columns: no tl.dot operand
+    assert not matmul_gated.fusable({**tile, "block_n": 32}, 896)  # 16 columns a program: slower than two launches
     # the CPU outside the interpreter: the two functions composed, whatever the schedule
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(5, 896, generator=g), torch.randn(128, 896, generator=g)
@@ -61,7 +61,7 @@ for dtype in (torch.float32, torch.bfloat16):
     b = torch.randn(96, generator=g).to(dtype)
     for tile in (dict(chunk=64, parallel=False, block_m=16, block_n=64, block_k=32),  # chunks in sequence
                  dict(chunk=256, parallel=True, block_m=16, block_n=64, block_k=32),  # one chunk
-                 dict(chunk=64, parallel=False, block_m=32, block_n=32, block_k=64)):  # a chunk of one block
+                 dict(chunk=64, parallel=False, block_m=32, block_n=64, block_k=64)):  # a chunk of one block
         for bias in (None, b):
             for m in (1, 5, 37):
                 launch = dict(tile, group_m=8, num_warps=4, num_stages=3, wgmma=False, swap_ab=False,
