@@ -218,10 +218,9 @@ class MLP(nn.Module):
         gate_up, block = self.gate_up_proj, self._select(x.shape[0]).block
         if (not gate_up._stock and matmul_gated.enabled()
                 and not (torch.is_grad_enabled() and (x.requires_grad or gate_up.weight.requires_grad))):
-            launch = launch_params(gate_up._select(x.shape[0]))  # SiLU-and-mul in the projection's epilogue
-            if matmul_gated.fusable(launch, gate_up.weight.shape[1]):
-                return self.down_proj(matmul_gated.gate_up_silu(x, gate_up.weight, gate_up.bias, block=block,
-                                                                **launch))
+            # SiLU-and-mul in the projection's epilogue where the schedule is `fusable`, else the two kernels
+            launch = launch_params(gate_up._select(x.shape[0]))
+            return self.down_proj(matmul_gated.gate_up_silu(x, gate_up.weight, gate_up.bias, block=block, **launch))
         return self.down_proj(silu_and_mul_autograd(gate_up(x), block=block))
 
 
