@@ -94,7 +94,9 @@ class RolloutSection:
     chunk_size: int = 256  # chunked-prefill tokens per step
     num_blocks: Optional[int] = None  # KV-cache blocks; None: sized from free memory
     cuda_graphs: Literal["auto", "on", "off"] = "auto"  # decode graphs; auto: on on the GPU (every arm)
-    step_graphs: bool = False  # prefill and mixed steps as piecewise graphs at padded sizes (rollout/step_graphs.py)
+    # prefill and mixed steps as piecewise graphs at padded sizes (rollout/step_graphs.py); auto: on where the decode
+    # graphs are captured (the GPU, embedded engine); true/false read as on/off
+    step_graphs: Literal["auto", "on", "off"] = "auto"
     # compile every kernel variant a step can launch and capture every decode graph when the engine starts
     # (`Engine.warmup`), so that no rollout step stalls on a compile; auto: on on the GPU (the CPU compiles nothing)
     warmup: Literal["auto", "on", "off"] = "auto"
@@ -103,6 +105,15 @@ class RolloutSection:
     tp_size: Optional[int] = None  # tensor-parallel ranks of each engine; null: model.tp_size
     # sglang: SGLang's engine under the plugin (rollout/sglang_worker.py)
     backend: Literal["embedded", "sglang"] = "embedded"
+
+    def pieces(self, device: str) -> bool:
+        """Whether the embedded engine on `device` runs its prefill and mixed steps through the piecewise step
+        graphs: `step_graphs`, where auto is on where the decode graphs are captured (on the GPU, unless
+        `cuda_graphs` is off). On the H200 they took online serving's p50 per token to a third and the GRPO
+        batch to 0.95-0.98x of its time in the pinned arms (docs/BENCHMARKS.md, session 35)."""
+        if self.step_graphs != "auto":
+            return self.step_graphs == "on"
+        return device == "cuda" and self.cuda_graphs != "off"
 
 
 @dataclass(frozen=True)

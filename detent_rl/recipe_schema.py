@@ -3,7 +3,8 @@ every error one line naming the file and key path (`RecipeError`). Generic over 
 recipe's sections live in `config.py`, its rules in `recipe_check.py` and `recipe_parallel.py`.
 
 Type rules: bool takes only true/false, int never takes a bool, float takes ints (stored as float)
-and must be finite, tuples have their exact length, `Optional[X]` takes null, `Literal` its values,
+and must be finite, tuples have their exact length, `Optional[X]` takes null, `Literal` its values
+(a switch of "on"/"off" values also takes true/false, as a boolean option it replaced was written),
 `Mapping[str, Any]` a frozen mapping of scalars or lists of scalars (keyword arguments); a
 dataclass field is a section. Unknown keys are refused with the closest known one suggested.
 """
@@ -129,6 +130,8 @@ def coerce(value: Any, tp: Any, path: str, ctx: Context, nullable: bool = False)
     if origin is Literal:
         if isinstance(value, str) and value in args:
             return value
+        if isinstance(value, bool) and {"on", "off"} <= set(args):
+            return "on" if value else "off"
         raise bad(f"one of {', '.join(map(repr, args))}")
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):

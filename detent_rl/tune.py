@@ -250,7 +250,7 @@ def recipe_workload(recipe_path: str, overrides: list[str]) -> tuple[CausalLM, W
     prompt = round(statistics.mean(len(p) for p in setup.prompts.values()))
     workload = Workload(prompts=ro.prompts_per_step, prompt_len=prompt, new_tokens=ro.max_new_tokens,
                         micro_batch=tr.micro_batch_size, max_num_seqs=ro.max_num_seqs, samples=ro.samples_per_prompt,
-                        step_graphs=ro.step_graphs)
+                        step_graphs=ro.pieces(setup.spec.device))
     spec = setup.spec
 
     def build(t: CommitmentTuple) -> CausalLM:

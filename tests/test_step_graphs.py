@@ -198,3 +198,25 @@ def test_gpu_warmup_captures_every_piece_size_and_release_recaptures(tmp_path):
     assert engine.steps.graphs == {}
     again = engine.generate(prompts, params)
     assert [(s.completion, s.logprobs) for s in again] == [(s.completion, s.logprobs) for s in first]
+
+
+def test_the_recipe_switch_is_on_where_decode_graphs_are_captured(tmp_path):
+    """`rollout.step_graphs`: auto is on for a CUDA engine with decode graphs, off on the CPU and with
+    `cuda_graphs: off`; on/off are as written, and a recipe that still says true/false reads as on/off (the
+    option was a boolean before session 36); any other value is refused naming the key."""
+    from detent_rl.config import parse_recipe
+    from detent_rl.recipe_schema import RecipeError
+    base = {"run": {"name": "t"}, "model": {"builtin": "tiny"}, "data": {"source": "reasoning_gym:basic_arithmetic"}}
+
+    def rollout(**section):
+        return parse_recipe({**base, "rollout": section}).rollout
+
+    auto = rollout()
+    assert auto.step_graphs == "auto" and auto.pieces("cuda") and not auto.pieces("cpu")
+    assert not rollout(cuda_graphs="off").pieces("cuda")
+    assert rollout(step_graphs="on").pieces("cpu") and not rollout(step_graphs="off").pieces("cuda")
+    assert rollout(step_graphs=True).step_graphs == "on" and rollout(step_graphs=False).step_graphs == "off"
+    with pytest.raises(RecipeError, match=r"rollout\.step_graphs: expected one of 'auto', 'on', 'off', got 'yes'"):
+        rollout(step_graphs="yes")
+    with pytest.raises(RecipeError, match=r"run\.arm: expected one of .*got True"):  # a switch without on/off
+        parse_recipe({**base, "run": {"name": "t", "arm": True}})
