@@ -6,7 +6,8 @@
 2. Search, one site at a time. A site's grid is its legal assignments (pins and the knobs only its
    selection reads). Each candidate is a repin — the selector recompiled with other constants, no
    re-solve — whose cost is its recorded calls replayed on synthetic inputs of their shapes, each
-   timed and weighted by its count. Sites are searched separately, because their costs add up: the
+   timed and weighted by its count (a gated MLP's gate/up site, with `DETENT_GATED_MLP=1`, as the MLP
+   runs it: SiLU-and-mul in the epilogue where the schedule allows). Sites are searched separately, because their costs add up: the
    search is a sum of grid sizes, not their product (`detent_rl/tune_search.py`). The grid is
    first cut to one candidate per distinct launch over the recorded calls (`candidates`:
    attention's 115,050 legal assignments at a 12k context are 157 launches). At most `EXHAUSTIVE`
@@ -68,8 +69,11 @@ import torch
 from detent_rl.kernels.attention import attn_meta, paged_attention
 from detent_rl.kernels.commitment import CommitmentError, CommitmentTuple, SiteCommitment
 from detent_rl.kernels.log_softmax import token_logprobs
+from detent_rl.kernels import matmul_gated
 from detent_rl.kernels.matmul import launch_params, linear
+from detent_rl.kernels.matmul_gated import gate_up_silu
 from detent_rl.kernels.rmsnorm import rmsnorm
+from detent_rl.models.layers import MLP
 from detent_rl.models.model import CausalLM
 from detent_rl.rollout.engine import Engine
 from detent_rl.timing import cold_copies, kernel_timer
@@ -95,6 +99,10 @@ def _launcher(model: CausalLM, family: str, site: dict, args: tuple, gen: torch.
     rand = lambda *shape: torch.randn(*shape, generator=gen, device=dev).to(dtype)  # noqa: E731
     if family == "matmul":  # the weights rotate through copies: a step reads them from HBM, not L2
         x, w = rand(rows, site["k"]), cold_copies(rand(site["n"], site["k"]))
+        gated = _gated_mlp(model, site)
+        if gated is not None:  # what the MLP runs at this schedule: one launch where `fusable`, else two
+            block = gated(rows).block
+            return lambda s: (lambda: gate_up_silu(x, w(), None, block=block, **launch_params(s)))
         return lambda s: (lambda: linear(x, w(), None, **launch_params(s)))
     if family == "rmsnorm":
         x = rand(rows, site.get("hidden", model.config.hidden_size))
@@ -107,6 +115,20 @@ def _launcher(model: CausalLM, family: str, site: dict, args: tuple, gen: torch.
     if family == "attention":
         return _attention_launcher(model, args, rand)
     raise ValueError(f"the tuner does not measure family {family!r}")
+
+
+def _gated_mlp(model: CausalLM, site: dict) -> Optional[Callable]:
+    """Where `site` is a gated MLP's gate/up projection whose SiLU-and-mul the pinned arms run in its epilogue
+    (`DETENT_GATED_MLP=1`, `kernels/matmul_gated.py`): that MLP's SiLU-and-mul selector, so that a candidate
+    schedule is timed as the MLP runs it (the epilogue's one launch where the schedule is `fusable`, else the
+    projection and SiLU-and-mul); else None."""
+    if not matmul_gated.enabled():
+        return None
+    for mlp in model.modules():
+        if (isinstance(mlp, MLP) and not mlp.gate_up_proj._stock
+                and tuple(mlp.gate_up_proj.weight.shape) == (site["n"], site["k"])):
+            return mlp._select
+    return None
 
 
 def _attention_launcher(model: CausalLM, args: tuple, rand: Callable) -> Callable[[Any], Callable[[], Any]]:

@@ -319,6 +319,31 @@ def test_a_workload_with_step_graphs_profiles_the_padded_counts(tmp_path):
     assert 80 in rows[True] and 74 not in rows[True]
 
 
+def test_with_the_gated_epilogue_on_the_gate_up_site_is_timed_as_the_mlp_runs_it(tmp_path, monkeypatch):
+    """`DETENT_GATED_MLP=1`: the gate/up site's candidates are timed through `gate_up_silu` (the MLP's one launch,
+    or its two kernels where a schedule is not fusable), every other site as `linear`; off, the gate/up site too
+    is `linear` alone, and the stock arm's MLP never takes the epilogue."""
+    from detent_rl.tune import _gated_mlp, _launcher
+    path = save(hf_model("qwen2"), tmp_path / "m")
+    gen = torch.Generator().manual_seed(0)
+    widths = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("DETENT_GATED_MLP", flag)
+        model = load_model(path, "detent", dtype=torch.float32, **LIMITS)
+        layer = model.model.layers[0]
+        for name, lin in (("gate_up", layer.mlp.gate_up_proj), ("qkv", layer.self_attn.qkv_proj)):
+            site = dict(zip(("n", "k"), lin.weight.shape))
+            out = _launcher(model, "matmul", site, (3,), gen)(model.selections.get("matmul", **site)(3))()
+            widths[flag, name] = tuple(out.shape)
+    inter, qkv = model.config.intermediate_size, layer.self_attn.qkv_proj.weight.shape[0]
+    assert widths["1", "gate_up"] == (3, inter)  # SiLU-and-mul's output: what the MLP's epilogue path returns
+    assert widths["0", "gate_up"] == (3, 2 * inter)  # the projection alone
+    assert widths["1", "qkv"] == widths["0", "qkv"] == (3, qkv)
+    monkeypatch.setenv("DETENT_GATED_MLP", "1")
+    stock = load_model(path, "stock", dtype=torch.float32, **LIMITS)
+    assert _gated_mlp(stock, dict(zip(("n", "k"), stock.model.layers[0].mlp.gate_up_proj.weight.shape))) is None
+
+
 def test_a_search_best_is_kept_only_for_a_saving_re_timed_beside_the_default():
     """The search keeps the minimum of single timings (the luckiest): its best is re-timed beside the default,
     rounds alternating which goes first, and kept only where its median saves MIN_GAIN."""
