@@ -65,6 +65,14 @@ def _pieced(engine: Engine) -> dict:
     return {} if engine.steps is None else {"piece_steps": sum(engine.steps.runs.values())}
 
 
+def _reserved(device: torch.device) -> int:
+    """Bytes the caching allocator holds on a CUDA device (0 elsewhere)."""
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    return torch.cuda.memory_reserved(device)
+
+
 class Bench:
     def __init__(self, model: CausalLM, shapes: Shapes, step_graphs: bool = False) -> None:
         """`step_graphs`: every engine runs its prefill and mixed steps through piecewise graphs (the same in
@@ -97,12 +105,15 @@ class Bench:
         reports the Triton variants compiled inside it (`compiles`: 0 when the warm-up left nothing)."""
         longest = max(len(p) + sp.max_tokens for p, sp in trace)
         engine = self._engine(len(trace), longest, 64)
+        held = _reserved(self.device)
         warm = engine.warmup(tuple(sorted({sp.temperature if sp.temperature > 0 else 1.0 for _, sp in trace})))
+        warm_mib = (_reserved(self.device) - held) / 2 ** 20  # its graphs' pools, what its compiles kept
         self._run(engine, [p for p, _ in trace], [sp for _, sp in trace])
         engine.flush_cache()
         with counting_compiles() as compiled:
             out = self._serve(engine, arrivals, trace)
-        return {**out, "compiles": len(compiled), "warmup_s": warm["seconds"], **_pieced(engine)}
+        return {**out, "compiles": len(compiled), "warmup_s": warm["seconds"], "warmup_mib": warm_mib,
+                **_pieced(engine)}
 
     def _serve(self, engine: Engine, arrivals: list[float], trace: list[tuple[list[int], SamplingParams]]) -> dict:
         order = sorted(range(len(trace)), key=lambda i: arrivals[i])

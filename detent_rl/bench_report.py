@@ -111,7 +111,8 @@ def render(results: dict) -> str:
                     f"; {r['steps']} steps, median {r['step_median_ms']:.2f} ms, slowest {r['step_max_ms']:.1f} ms"
                     if "step_max_ms" in r else "") + (
                     f" ({r['eager_steps']} eager: {r['eager_ms']:.0f} ms; the rest {r['graph_ms']:.0f} ms)"
-                    if "eager_ms" in r else "") + (f"; {r['compiles']} compiles" if "compiles" in r else "")
+                    if "eager_ms" in r else "") + (f"; {r['compiles']} compiles" if "compiles" in r else "") + (
+                    f"; warm-up {r['warmup_s']:.1f} s, {r['warmup_mib']:,.0f} MiB" if "warmup_mib" in r else "")
             else:
                 text = f"{r['ms_per_step']:.3f} ms/step" + (f", {r['roofline_pct']:.0f} % of roofline"
                                                             if "roofline_pct" in r else "")
