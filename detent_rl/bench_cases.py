@@ -112,7 +112,8 @@ class Bench:
         engine.flush_cache()
         with counting_compiles() as compiled:
             out = self._serve(engine, arrivals, trace)
-        return {**out, "compiles": len(compiled), "warmup_s": warm["seconds"], "warmup_mib": warm_mib,
+        return {**out, "compiles": len(compiled), "compiled": sorted(set(compiled)), "warmup_s": warm["seconds"],
+                "warmup_mib": warm_mib,
                 **_pieced(engine)}
 
     def _serve(self, engine: Engine, arrivals: list[float], trace: list[tuple[list[int], SamplingParams]]) -> dict:

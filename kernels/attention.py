@@ -91,9 +91,9 @@ def _kv_block(k_ptr, v_ptr, bt_ptr, req, kvh, kpos, kmask, d, stride_bt, stride_
 def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_ptr, tile_q0_ptr,
                       m_ptr, l_ptr, o_ptr, out_ptr, lse_ptr, scale, stride_qt, stride_qh, stride_kp, stride_ks,
                       stride_kh, stride_bt, stride_mt, stride_mh, stride_ot, stride_oh, stride_os, stride_outt,
-                      stride_outh, stride_lh,
+                      stride_outh, stride_lh, split_len,
                       GROUP: tl.constexpr, PACK: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       IEEE: tl.constexpr, UPCAST: tl.constexpr, PREFETCH: tl.constexpr, DIRECT: tl.constexpr,
                       LSE: tl.constexpr, TREE_SUM: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
@@ -117,9 +117,9 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_
         row_ok = (rows < q_end) & (r < BLOCK_M // PACK * PACK)
     row_pos = pos0 + rows - q_begin
     last_pos = pos0 + tl.minimum(q0 + BLOCK_M // PACK, q_end) - 1 - q_begin
-    lo = split * SPLIT
+    lo = split * split_len
     if lo <= last_pos:
-        hi = tl.minimum(lo + SPLIT, last_pos + 1)
+        hi = tl.minimum(lo + split_len, last_pos + 1)
         d = tl.arange(0, HEAD_DIM)
         q = tl.load(q_ptr + rows[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                     mask=row_ok[:, None], other=0.0)
@@ -191,12 +191,12 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_
 
 @triton.jit
 def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, pos_ptr, lse_ptr, stride_mt, stride_mh, stride_ot, stride_oh,
-                    stride_os, stride_outt, stride_outh, stride_lh, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr,
+                    stride_os, stride_outt, stride_outh, stride_lh, split_len, HEAD_DIM: tl.constexpr,
                     LSE: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
-    n = tl.load(pos_ptr + t) // SPLIT + 1
+    n = tl.load(pos_ptr + t) // split_len + 1
     d = tl.arange(0, HEAD_DIM)
     base = t * stride_mt + h * stride_mh
     mx = tl.load(m_ptr + base)
@@ -280,16 +280,16 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         q, k_cache, v_cache, meta.block_table, meta.cu_q, meta.pos0, meta.tile_req, meta.tile_q0, m, lsum, o,
         out, lse if lse is not None else out, scale, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), meta.block_table.stride(0), m.stride(0), m.stride(1), o.stride(0), o.stride(1), o.stride(2),
-        out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
+        out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0, split_size,
         GROUP=H // k_cache.shape[2], PACK=meta.pack, PAGE=k_cache.shape[1], HEAD_DIM=D, BLOCK_M=meta.block_m,
         BLOCK_N=block_n,
-        SPLIT=split_size, IEEE=q.dtype == torch.float32, UPCAST=interpreting() and q.dtype != torch.float32,
+        IEEE=q.dtype == torch.float32, UPCAST=interpreting() and q.dtype != torch.float32,
         PREFETCH=prefetch, DIRECT=direct, LSE=lse is not None, TREE_SUM=tree_sum, num_warps=num_warps, num_stages=num_stages, **pdl(q))
     if direct:
         return out
     launch(_combine_kernel, (T, H), m, lsum, o, out, meta.token_pos, lse if lse is not None else m, m.stride(0),
            m.stride(1), o.stride(0), o.stride(1), o.stride(2), out.stride(0), out.stride(1),
-           lse.stride(0) if lse is not None else 0, HEAD_DIM=D, SPLIT=split_size,
+           lse.stride(0) if lse is not None else 0, split_size, HEAD_DIM=D,
            LSE=lse is not None, **pdl(q))
     return out
 

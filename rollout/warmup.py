@@ -14,9 +14,12 @@ class is what its launches compile for: the attention selection of its shape (se
 tokens, longest context), each pinned linear site's selection at its token count, and Triton's specialisation
 of the token and sampled-row counts and of the page table's width. Candidate steps sweep the token counts up to the
 step budget and the context lengths up to the deployment's in 64-position steps, each at a table width of
-each class; only a class not met before runs. With pinned selections that is a few dozen steps; the stock
-arm's attention selection reads the context length (its split size is a constexpr of our kernel), so it runs
-a few per 64 positions.
+each class, and a chunk beside every count of decode rows at each length; only a class not met before runs.
+With pinned selections that is a few dozen steps. The stock arm's split count reads the sequences, the longest
+query and the context length (FlashAttention's heuristic); the split size and count are runtime arguments of
+our kernels (the size was a constexpr until session 36: the 1.5B's stock serve then compiled 3-6 variants of
+the attention and its combine inside the timed Poisson run, 0.8-1.1 s stalls), so a class is the count's
+specialisation, not its value.
 
 The synthetic steps write keys into the cache's pages, which no request has yet (warm-up needs an idle
 engine and flushes the prefix cache after): a request's pages are written by that request before it reads
@@ -62,11 +65,17 @@ class _Plan:
         self.head = None if model.lm_head._stock else model.lm_head._select
         self.logprobs = engine._select_logprobs
         self.steps = engine.steps  # piecewise graphs: the linears run at the padded token count
+        self.heads = model.num_heads  # this rank's query heads: the attention partials' row stride is heads x splits
         self.seen: set = set()
 
     def key(self, q_lens: list[int], cached: list[int], width: int) -> tuple:
         tokens, rows = sum(q_lens), len(q_lens)
-        attention = self.model.select_attention(rows, max(q_lens), tokens, max(c + n for c, n in zip(cached, q_lens)))
+        selection = self.model.select_attention(rows, max(q_lens), tokens, max(c + n for c, n in zip(cached, q_lens)))
+        # what the attention kernels compile for: the selection's constexprs; the split size and count are
+        # runtime arguments (the count as the partials' strides, H x splits and splits, which Triton specialises)
+        splits = selection.num_splits
+        attention = (tuple(v for f, v in selection._asdict().items() if f not in ("num_splits", "split_size")),
+                     _ints(splits), _ints(self.heads * splits))
         padded = self.steps.size_for(tokens) if self.steps is not None and self.steps.fits(tokens) else tokens
         linears = tuple(tuple(launch_params(select(padded)).values()) for select in self.linears.values())
         head = tuple(launch_params(self.head(rows)).values()) if self.head is not None else ()
@@ -110,8 +119,9 @@ def candidate_steps(max_tokens: int, max_rows: int, max_len: int, chunk: int) ->
         c = min(chunk, length)
         out.append(([2], [length - 2]))
         out.append(([c], [length - c]))
-        if max_rows >= 2 and c + 1 <= max_tokens:
-            out.append(([c, 1], [length - c, length - 1]))
+        # a chunk beside every count of decode rows (the stock selection's KV split reads the sequences)
+        for rows in range(2, min(max_rows, max_tokens - c + 1) + 1):
+            out.append(([c] + [1] * (rows - 1), [length - c] + [length - 1] * (rows - 1)))
     return out
 
 
