@@ -43,8 +43,9 @@ first at stock) and serving the first round's Poisson arrivals; each ratio is th
 rounds' paired ratios (an arm over the same round's stock run), which a drift of the machine between
 rounds does not bias (`detent_rl/bench_report.py`).
 
-`--step-graphs on` runs every arm's prefill and mixed steps through piecewise CUDA graphs (`rollout/step_graphs.py`,
-as vLLM V1 does); `--step-graphs off,on` runs each arm both ways on the same model load, the graphed runs as
+`--step-graphs on` (the default on a CUDA device, as `rollout.step_graphs` is: `auto`) runs every arm's prefill and
+mixed steps through piecewise CUDA graphs (`rollout/step_graphs.py`, as vLLM V1 does, the stock arm too);
+`--step-graphs off,on` runs each arm both ways on the same model load, the graphed runs as
 `<arm> + pieces` over stock's graphed run (the same engine features on both sides), and adds a table of each
 arm's time with the pieces over without (the rounds' paired ratios): the pieces' A/B in one run.
 
@@ -267,8 +268,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="run the arms this many times in turn, each round loading them afresh; a ratio is then "
                          "the median of the rounds' paired ratios (gemm runs in the first round only)")
-    ap.add_argument("--step-graphs", default="off", choices=("on", "off", "off,on"),
-                    help="every arm runs its prefill and mixed steps through piecewise CUDA graphs "
+    ap.add_argument("--step-graphs", default="auto", choices=("auto", "on", "off", "off,on"),
+                    help="every arm runs its prefill and mixed steps through piecewise CUDA graphs (auto: on a CUDA "
+                         "device, as a run's rollout.step_graphs) "
                          "(rollout/step_graphs.py); off,on: each arm both ways in the same run, the graphed runs "
                          "as '<arm> + pieces' against stock's graphed run")
     ap.add_argument("--gated-mlp", default="off", choices=("on", "off", "off,on"),
@@ -317,12 +319,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error(f"--stock-pdl {args.stock_pdl!r}: give on, off or on,off")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    graphs = ("on" if args.device.startswith("cuda") else "off") if args.step_graphs == "auto" else args.step_graphs
+    pieces = tuple(x == "on" for x in graphs.split(","))
     done: list[dict] = []
     for i in range(args.rounds):  # the files are written after every round: a run cut short keeps what it finished
         done.append(run(load, cases if i == 0 else [c for c in cases if c != "gemm"], shapes, args.load,
                         arms=arms, stock_pdl=stock_pdl, tuned=tuned, limits=limits, first=i,
                         poisson_rate=done[0].get("poisson_rate_per_s") if done else None,
-                        step_graphs=tuple(x == "on" for x in args.step_graphs.split(",")),
+                        step_graphs=pieces,
                         gated_mlp=tuple(x == "on" for x in args.gated_mlp.split(","))))
         results = merge_rounds(done)
         results.update(model=args.model, dtype=args.dtype, limits=limits, quick=args.quick, rounds_asked=args.rounds,
