@@ -109,8 +109,9 @@ class RolloutSection:
     def pieces(self, device: str) -> bool:
         """Whether the embedded engine on `device` runs its prefill and mixed steps through the piecewise step
         graphs: `step_graphs`, where auto is on where the decode graphs are captured (on the GPU, unless
-        `cuda_graphs` is off). On the H200 they took online serving's p50 per token to a third and the GRPO
-        batch to 0.95-0.98x of its time in the pinned arms (docs/BENCHMARKS.md, session 35)."""
+        `cuda_graphs` is off). On the H200 (Qwen2-0.5B, sessions 35-36, docs/BENCHMARKS.md) they took online
+        serving's p50 per output token to 0.34-0.37x in every arm and left the GRPO batch at 0.95-1.00x of its
+        time; their graph pool holds ~2.2 GB more at 8,192 tokens a step, and the warm-up takes ~1 s longer."""
         if self.step_graphs != "auto":
             return self.step_graphs == "on"
         return device == "cuda" and self.cuda_graphs != "off"
