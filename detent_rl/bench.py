@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -262,6 +263,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--stock-pdl", default="on,off",
                     help="the stock arm runs once per setting of our kernels' PDL (on, off) and keeps its faster run")
     ap.add_argument("--load", type=float, default=0.5, help="poisson: arrival rate as a share of stock's offline rate")
+    ap.add_argument("--poisson-rate", type=float,
+                    help="poisson: this arrival rate (requests/s) instead of --load x stock's offline rate (which a "
+                         "stock serve's stall would lower for every arm): runs at one rate compare across runs")
     ap.add_argument("--max-num-tokens", default="8192",
                     help="every arm's deployment limit on tokens per forward (a tuned tuple names its own: match it): "
                          "N, or N,CASE=N,... for a case with its own (e.g. 8192,long=16384)")
@@ -279,6 +283,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
     ap.add_argument("--out", required=True, help="folder for bench.md, bench.json, bench.png")
     args = ap.parse_args(argv)
+    if args.poisson_rate is not None and not (math.isfinite(args.poisson_rate) and args.poisson_rate > 0):
+        ap.error(f"--poisson-rate: expected a positive number of requests/s, got {args.poisson_rate}")
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]
     if unknown:
@@ -325,7 +331,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for i in range(args.rounds):  # the files are written after every round: a run cut short keeps what it finished
         done.append(run(load, cases if i == 0 else [c for c in cases if c != "gemm"], shapes, args.load,
                         arms=arms, stock_pdl=stock_pdl, tuned=tuned, limits=limits, first=i,
-                        poisson_rate=done[0].get("poisson_rate_per_s") if done else None,
+                        poisson_rate=done[0].get("poisson_rate_per_s") if done else args.poisson_rate,
                         step_graphs=pieces,
                         gated_mlp=tuple(x == "on" for x in args.gated_mlp.split(","))))
         results = merge_rounds(done)

@@ -95,7 +95,9 @@ def render(results: dict) -> str:
               if results.get("step_graphs") == "both" else "")
            + ("; the gated MLP epilogue on (DETENT_GATED_MLP=1)" if results.get("gated_mlp") is True
               else "; the pinned arms also with the gated MLP epilogue ('+ gated', over stock's run)"
-              if results.get("gated_mlp") == "both" else ""),
+              if results.get("gated_mlp") == "both" else "")
+           + (f"; Poisson arrivals {results['poisson_rate_per_s']:.1f} requests/s" if "poisson_rate_per_s" in results
+              else ""),
            "",
            f"| case | arm | result | {head} |", "|---|---|---|---|"]
     for case, arms in results["cases"].items():

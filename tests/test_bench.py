@@ -281,3 +281,18 @@ def test_the_gemm_table_gives_our_kernel_alone_and_under_pdl():
                "cases": {"gemm": {"stock": {}, "detent": {"sites": rows}}}}
     text = render(results)
     assert "alone (PDL off) / with PDL on" in text and "| 896->1152 | 512 | 5.0 | 1.12x / 1.30x (chunk 896) |" in text
+
+
+def test_a_given_poisson_rate_is_the_traces_in_every_round(tmp_path, capsys):
+    """`--poisson-rate`: the trace arrives at that rate (not --load x stock's offline rate), and the table says it;
+    a rate that is not a positive number is refused naming the flag."""
+    assert main(["--model", "tiny", "--device", "cpu", "--dtype", "float32", "--quick", "--cases", "poisson",
+                 "--arms", "stock,detent", "--stock-pdl", "on", "--poisson-rate", "40", "--rounds", "2",
+                 "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["poisson_rate_per_s"] == 40.0 and len(data["rounds"]) == 2
+    assert "Poisson arrivals 40.0 requests/s" in (tmp_path / "bench.md").read_text()
+    for bad in ("0", "-3", "nan"):
+        with pytest.raises(SystemExit):
+            main(["--poisson-rate", bad, "--out", str(tmp_path)])
+        assert f"--poisson-rate: expected a positive number of requests/s, got {float(bad)}" in capsys.readouterr().err
