@@ -8,8 +8,9 @@
    re-solve — whose cost is its recorded calls replayed on synthetic inputs of their shapes, each
    timed and weighted by its count (a gated MLP's gate/up site, with `DETENT_GATED_MLP=1`, as the MLP
    runs it: SiLU-and-mul in the epilogue where the schedule allows). Sites are searched separately,
-   because their costs add up: the search is a sum of grid sizes, not their product (`detent_rl/tune_search.py`). The grid is
-   first cut to one candidate per distinct launch over the recorded calls (`candidates`:
+   because their costs add up: the search is a sum of grid sizes, not their product
+   (`detent_rl/tune_search.py`). The grid is first cut to one candidate per distinct launch over the
+   recorded calls (`candidates`:
    attention's 115,050 legal assignments at a 12k context are 157 launches). At most `EXHAUSTIVE`
    candidates are measured whole; more by coordinate descent from the default (each axis swept with
    the others fixed, an axis of many values bracketed in LADDER-sample rounds, repeated while it
