@@ -36,7 +36,7 @@ case its own limit on tokens per forward. Every tuple is checked against its cas
     grpo=bench/tuned/h200_qwen2-0.5b_grpo32x8.json,long=bench/tuned/h200_qwen2-0.5b_long2x12k_split512.json
 
 The stock arm runs with our kernels' programmatic dependent launch on and off (`--stock-pdl`; its
-linears are cuBLAS's either way) and keeps the faster run per case.
+linears are cuBLAS's either way) and keeps the faster run per case (on a CUDA device: elsewhere once).
 
 `--rounds R` runs the arms R times in turn in the one process, each round starting at the next arm (the
 first at stock) and serving the first round's Poisson arrivals; each ratio is then the median of the
@@ -260,8 +260,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--arms", default=",".join(ARMS),
                     help=f"comma-separated, of {', '.join(ARMS + ('tuned',))} (stock always runs; tuned needs "
                          f"--commitment)")
-    ap.add_argument("--stock-pdl", default="on,off",
-                    help="the stock arm runs once per setting of our kernels' PDL (on, off) and keeps its faster run")
+    ap.add_argument("--stock-pdl", default="auto",
+                    help="the stock arm runs once per setting of our kernels' PDL (on, off) and keeps its faster run "
+                         "(auto: on,off on a CUDA device; elsewhere on, where there is no PDL to set)")
     ap.add_argument("--load", type=float, default=0.5, help="poisson: arrival rate as a share of stock's offline rate")
     ap.add_argument("--poisson-rate", type=float,
                     help="poisson: this arrival rate (requests/s) instead of --load x stock's offline rate (which a "
@@ -273,11 +274,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="run the arms this many times in turn, each round loading them afresh; a ratio is then "
                          "the median of the rounds' paired ratios (gemm runs in the first round only)")
     ap.add_argument("--step-graphs", default="auto", choices=("auto", "on", "off", "off,on"),
+                    metavar="{auto,on,off,'off,on'}",
                     help="every arm runs its prefill and mixed steps through piecewise CUDA graphs (auto: on a CUDA "
-                         "device, as a run's rollout.step_graphs) "
-                         "(rollout/step_graphs.py); off,on: each arm both ways in the same run, the graphed runs "
-                         "as '<arm> + pieces' against stock's graphed run")
-    ap.add_argument("--gated-mlp", default="off", choices=("on", "off", "off,on"),
+                         "device, as a run's rollout.step_graphs) (rollout/step_graphs.py); off,on: each arm both "
+                         "ways in the same run, the graphed runs as '<arm> + pieces' against stock's graphed run")
+    ap.add_argument("--gated-mlp", default="off", choices=("on", "off", "off,on"), metavar="{on,off,'off,on'}",
                     help="the pinned arms run SiLU-and-mul in the gate/up projection's epilogue (DETENT_GATED_MLP=1, "
                          "kernels/matmul_gated.py); off,on: both ways in the same run, as '<arm> + gated'")
     ap.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
@@ -302,6 +303,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error(f"--rounds {args.rounds}: give 1 or more")
     if not 0 < args.load <= 1.5:
         ap.error(f"--load {args.load}: give a share of stock's offline rate in (0, 1.5]")
+    pdl_setting = ("on,off" if args.device.startswith("cuda") else "on") if args.stock_pdl == "auto" else args.stock_pdl
+    stock_pdl = tuple(p.strip() for p in pdl_setting.split(",") if p.strip())
+    if not stock_pdl or [p for p in stock_pdl if p not in ("on", "off")]:
+        ap.error(f"--stock-pdl {args.stock_pdl!r}: give on, off, on,off or auto")
     shapes = QUICK if args.quick else Shapes()
     from detent_rl.models import load_model
     from detent_rl.models.builtin import NAMES, builtin_checkpoint
@@ -320,9 +325,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     def load(arm: str, file: Optional[str], lim: dict[str, int]) -> CausalLM:
         return load_model(path, "detent" if arm == "tuned" else arm, device=args.device,
                           dtype=getattr(torch, args.dtype), commitment=tuples[file] if file else None, **lim)
-    stock_pdl = tuple(p.strip() for p in args.stock_pdl.split(",") if p.strip())
-    if not stock_pdl or [p for p in stock_pdl if p not in ("on", "off")]:
-        ap.error(f"--stock-pdl {args.stock_pdl!r}: give on, off or on,off")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     graphs = ("on" if args.device.startswith("cuda") else "off") if args.step_graphs == "auto" else args.step_graphs

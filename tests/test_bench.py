@@ -15,7 +15,7 @@ from detent_rl.bench_cases import poisson_arrivals
 def test_quick_bench_runs_every_arm_and_case(tmp_path, capsys):
     cases = [c for c in CASES if c != "gemm"]  # gemm: CUDA only
     assert main(["--model", "tiny", "--device", "cpu", "--dtype", "float32", "--quick", "--cases", ",".join(cases),
-                 "--out", str(tmp_path)]) == 0
+                 "--stock-pdl", "on,off", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "bench.json").read_text())
     assert list(data["cases"]) == cases and all(set(data["cases"][c]) == set(ARMS) for c in cases)
     assert data["copy_bandwidth_gbs"] > 0 and data["weight_bytes"] > 0 and data["poisson_rate_per_s"] > 0
@@ -43,9 +43,11 @@ def test_quick_bench_runs_every_arm_and_case(tmp_path, capsys):
 
 def test_step_graphs_run_in_every_arm(tmp_path, capsys):
     assert main(["--model", "tiny", "--device", "cpu", "--dtype", "float32", "--quick", "--cases", "poisson,grpo",
-                 "--arms", "stock,detent", "--stock-pdl", "on", "--step-graphs", "on", "--out", str(tmp_path)]) == 0
+                 "--arms", "stock,detent", "--step-graphs", "on", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["step_graphs"] is True
+    # --stock-pdl auto: off the GPU there is no PDL to set, so stock runs once
+    assert all([r["pdl"] for r in data["stock_runs"][c]] == ["on"] for c in ("poisson", "grpo"))
     assert all(data["cases"][c][arm]["piece_steps"] > 0 for c in ("poisson", "grpo") for arm in ("stock", "detent"))
     assert "piecewise graphs, every arm" in (tmp_path / "bench.md").read_text()
 
@@ -136,6 +138,9 @@ def test_arrivals_are_a_seeded_poisson_process_and_bad_arguments_are_refused(tmp
     with pytest.raises(SystemExit):
         main(["--rounds", "0", "--out", str(tmp_path)])
     assert "--rounds 0: give 1 or more" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--stock-pdl", "sometimes", "--out", str(tmp_path)])
+    assert "--stock-pdl 'sometimes': give on, off, on,off or auto" in capsys.readouterr().err
 
 
 def test_decode_profile_counts_idle_time_where_no_kernel_span_is_open():
