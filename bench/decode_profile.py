@@ -4,7 +4,7 @@ Run on a CUDA machine from the repository root:
 
     python bench/decode_profile.py [--model qwen2-0.5b] [--batch 1,32] [--arms stock,detent] [--steps 64] \
         [--pdl on,off] [--temperature 1] [--prompt-len 128] [--phase prefill] [--samples 8] \
-        [--host-top 20] [--commitment TUPLE.json]
+        [--host-top 20] [--commitment TUPLE.json] [--gated-mlp off,on]
 
 Each arm loads the same checkpoint (a built-in config's seeded random weights, or a directory),
 decodes `--batch` greedy requests (seeded sampling with `--temperature T`) from `--prompt-len`-token
@@ -22,6 +22,8 @@ resident while its predecessor drains, so kernel times can overlap: compare the 
 `--samples 8` repeats each prompt as the GRPO batch does, so the prefix cache serves the repeats), and
 `--host-top N` adds the host's costliest functions in it. `--commitment` adds the arm `tuned`. `--step-graphs`
 runs the prefill through piecewise graphs (`rollout/step_graphs.py`; captured in the untimed first run).
+`--gated-mlp off,on` runs each arm and batch without and with SiLU-and-mul in the gate/up projection's epilogue
+(DETENT_GATED_MLP; the stock arm's cuBLAS MLP ignores it), in one process.
 """
 from __future__ import annotations
 
@@ -154,9 +156,15 @@ def main() -> None:
     ap.add_argument("--commitment", default="", help="a tuned tuple file: adds the arm `tuned` (detent with it), "
                                                      "and every arm takes the tuple's deployment limits")
     ap.add_argument("--step-graphs", action="store_true", help="prefill and mixed steps through piecewise graphs")
+    ap.add_argument("--gated-mlp", default="off", help="comma-separated off/on: the pinned arms' SiLU-and-mul in the "
+                                                        "gate/up projection's epilogue, one run each "
+                                                        "(DETENT_GATED_MLP, kernels/matmul_gated.py)")
     ap.add_argument("--attention-split", default="", help="comma-separated KV split sizes to pin the detent arm's "
                                                             "attention to, one run each (default: its tuple's)")
     args = ap.parse_args()
+    gated_runs = [g.strip() for g in args.gated_mlp.split(",") if g.strip()]
+    if not gated_runs or [g for g in gated_runs if g not in ("on", "off")]:
+        ap.error(f"--gated-mlp {args.gated_mlp!r}: give off, on or off,on")
     path = builtin_checkpoint(args.model) if args.model in NAMES else args.model
     batches = [int(b) for b in args.batch.split(",")]
     limits = dict(max_context=args.prompt_len + args.steps + 32, max_batch=max(64, max(batches)), max_num_tokens=8192)
@@ -176,9 +184,10 @@ def main() -> None:
             model = load_model(path, arm, device="cuda", dtype=torch.bfloat16,
                                commitment=attention_pinned(model, split, limits["max_context"]), **limits)
             arm = f"detent, attention split {split}"
-        for b, pdl, combine in [(b, p, c) for b in batches for p in args.pdl.split(",")
-                                for c in args.combine.split(",")]:
+        for b, pdl, combine, gated in [(b, p, c, g) for b in batches for p in args.pdl.split(",")
+                                       for c in args.combine.split(",") for g in gated_runs]:
             os.environ["DETENT_PDL"] = "1" if pdl == "on" else "0"  # read at each launch, so at graph capture
+            os.environ["DETENT_GATED_MLP"] = "1" if gated == "on" else "0"  # read at each MLP call (and capture)
             forced = {"on": True, "off": False}.get(combine)  # auto: None, paged_attention's rule
             autograd.paged_attention = functools.partial(paged_attention, combine=forced)
             g = torch.Generator().manual_seed(b)
@@ -191,7 +200,8 @@ def main() -> None:
                 wall, gpu, kernels, gaps = profile_decode(engine, prompts, args.steps, args.temperature)
             launches = sum(c for c, _ in kernels.values())
             unit = "prefill" if args.phase == "prefill" else "step"
-            print(f"\n## {args.model}, arm {arm}, PDL {pdl}, one-split combine {combine}, batch {b}, "
+            print(f"\n## {args.model}, arm {arm}, PDL {pdl}, one-split combine {combine}, gated MLP {gated}, "
+                  f"batch {b}, "
                   + ("step graphs, " if args.step_graphs else "") +
                   f"T {args.temperature:g}, {args.phase}: "
                   f"{wall:.3f} ms/{unit} wall, GPU busy {gaps['busy_us'] / 1e3:.3f} ms/{unit} (kernels summed "
