@@ -185,8 +185,8 @@ def main() -> None:
                                commitment=attention_pinned(model, split, limits["max_context"]), **limits)
             arm = f"detent, attention split {split}"
         for b, pdl, combine, gated in [(b, p, c, g) for b in batches for p in args.pdl.split(",")
-                                       for c in args.combine.split(",") for g in gated_runs
-                                       if not (g == "on" and arm == "stock")]:  # stock's MLP is cuBLAS's
+                                       for c in args.combine.split(",")
+                                       for g in (["off"] if arm == "stock" else gated_runs)]:  # stock: cuBLAS's MLP
             os.environ["DETENT_PDL"] = "1" if pdl == "on" else "0"  # read at each launch, so at graph capture
             os.environ["DETENT_GATED_MLP"] = "1" if gated == "on" else "0"  # read at each MLP call (and capture)
             forced = {"on": True, "off": False}.get(combine)  # auto: None, paged_attention's rule
