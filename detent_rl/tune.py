@@ -40,8 +40,9 @@ rmsnorm and log-softmax (row blocks), and
 attention (split size and stride; a recorded call is replayed as a step of its shape over random
 keys already in the cache). A site with more than MAX_CALLS distinct calls (decode: one per KV
 length) is replayed through MAX_CALLS of them, evenly spaced, each weighted by the calls it stands
-for. The sampler and the elementwise ops have nothing to choose. The tuple written is the model's resolved one (every site it has, defaults included, and the
-deployment) with the tuned sites replaced; the model itself is not changed. Engine and trainer load
+for. The sampler and the elementwise ops have nothing to choose. The tuple written is the model's
+resolved one (every site it has, defaults included, and the deployment) with the tuned sites
+replaced; the model itself is not changed. Engine and trainer load
 the same file (`model.commitment`), so both still select identically; a model of another deployment
 refuses it, so tune with the run's recipe (or pass the run's limits with --model).
 
@@ -273,7 +274,7 @@ def recipe_workload(recipe_path: str, overrides: list[str]) -> tuple[CausalLM, W
     prompt = round(statistics.mean(len(p) for p in setup.prompts.values()))
     workload = Workload(prompts=ro.prompts_per_step, prompt_len=prompt, new_tokens=ro.max_new_tokens,
                         micro_batch=tr.micro_batch_size, max_num_seqs=ro.max_num_seqs, samples=ro.samples_per_prompt,
-                        step_graphs=ro.pieces(setup.spec.device))
+                        step_graphs=ro.pieces(setup.spec.device), forward_tokens=tr.max_tokens_per_micro_batch)
     spec = setup.spec
 
     def build(t: CommitmentTuple) -> CausalLM:
@@ -296,7 +297,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                            "(without --recipe)")
     ap.add_argument("--prompt-len", type=int, default=64, help="workload: prompt tokens per request")
     ap.add_argument("--new-tokens", type=int, default=32, help="workload: tokens each request decodes")
-    ap.add_argument("--micro-batch", type=int, default=8, help="workload: sequences per trainer forward")
+    ap.add_argument("--micro-batch", type=int, default=8,
+                    help="workload: sequences per trainer forward (at most: the step's tokens cut it too, as the "
+                         "trainer's)")
     ap.add_argument("--max-num-seqs", type=int, default=64,
                     help="workload: requests decoding at once (without --recipe)")
     ap.add_argument("--step-graphs", action="store_true",
@@ -313,7 +316,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--no-check", action="store_true",
                     help="skip the check: the workload on the model's and the tuned tuple, alternately (additivity)")
     ap.add_argument("--families", default=",".join(TUNED),
-                    help=f"comma-separated families to search, of {', '.join(TUNED)} (the rest keep the tuple's values)")
+                    help=f"comma-separated families to search, of {', '.join(TUNED)} (the rest keep the tuple's "
+                         "values)")
     ap.add_argument("--commitment", help="start from this tuple (without --recipe; a recipe names its own): the "
                                          "families not searched keep its values")
     ap.add_argument("--out", required=True, help="the commitment-tuple JSON to write")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -13,6 +14,7 @@ from detent_rl.models.runner import completion_logprobs
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
 from detent_rl.timing import sync
+from detent_rl.trainer.accumulate import micro_batches
 
 
 @dataclass(frozen=True)
@@ -20,7 +22,9 @@ class Workload:
     """One RL step's shapes: `prompts` prompts of `prompt_len` tokens, each sampled `samples` times (a
     GRPO group: the engine's prefix cache prefills a prompt once, as in the run), every request
     decoding `new_tokens` (no stop token), at most `max_num_seqs` in flight (the decode batch, so the
-    M the linears see), then rescored the trainer's way, `micro_batch` sequences per forward.
+    M the linears see), then rescored the trainer's way: forwards of at most `micro_batch` sequences and at
+    most `forward_tokens` tokens (`train.max_tokens_per_micro_batch`; None: the deployment's step), cut as the
+    trainer cuts its micro-batches (`trainer.accumulate.micro_batches`).
     `step_graphs`: the engine runs its prefill steps through piecewise graphs (`rollout.step_graphs`), whose
     linears see the padded token count: the profile's calls are then the run's."""
     prompts: int
@@ -30,28 +34,36 @@ class Workload:
     max_num_seqs: int = 64
     samples: int = 1
     step_graphs: bool = False
+    forward_tokens: Optional[int] = None
 
     def __post_init__(self) -> None:
         for name in ("prompts", "prompt_len", "new_tokens", "micro_batch", "max_num_seqs", "samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"workload {name} must be >= 1, got {getattr(self, name)}")
+        if self.forward_tokens is not None and self.forward_tokens < 1:
+            raise ValueError(f"workload forward_tokens must be >= 1 or None, got {self.forward_tokens}")
 
     @property
     def requests(self) -> int:
         return self.prompts * self.samples
 
+    def budget(self, d: Deployment) -> int:
+        """Tokens a trainer forward may hold: `forward_tokens`, capped by the deployment's step (as the
+        trainer's `token_budget`)."""
+        return d.max_num_tokens if self.forward_tokens is None else min(self.forward_tokens, d.max_num_tokens)
+
     def check(self, d: Deployment) -> None:
-        """Refuse shapes the deployment cannot run: a sequence past its context, or a trainer forward
-        (one prefill of `micro_batch` whole sequences) past its tokens per step."""
+        """Refuse shapes the deployment cannot run: a sequence past its context, or one longer than a trainer
+        forward's token budget (the trainer computes a sequence in one forward)."""
         length = self.prompt_len + self.new_tokens
         if length > d.max_context:
             raise ValueError(f"workload: {self.prompt_len} + {self.new_tokens} tokens exceed the deployment's context "
                              f"of {d.max_context}")
-        rows = min(self.micro_batch, self.requests)
-        if rows * length > d.max_num_tokens:
-            raise ValueError(f"workload: a trainer forward of {rows} sequences x {length} tokens = {rows * length} "
-                             f"exceeds the deployment's max_num_tokens of {d.max_num_tokens}; lower the micro "
-                             f"batch or raise max_num_tokens")
+        if length > self.budget(d):
+            raise ValueError(f"workload: a sequence of {self.prompt_len} + {self.new_tokens} tokens exceeds a "
+                             f"trainer forward's budget of {self.budget(d)} tokens (the deployment's max_num_tokens "
+                             f"{d.max_num_tokens}" + ("" if self.forward_tokens is None else
+                                                      f", the forward_tokens {self.forward_tokens}") + ")")
 
     def engine(self, model: CausalLM) -> Engine:
         """An engine for this workload on `model` (its CUDA graphs are captured on its first run)."""
@@ -78,9 +90,9 @@ class Workload:
         seqs = engine.generate(prompts, params)
         sync(model.device)
         t1 = time.perf_counter()
+        budget = self.budget(model.selections.deployment)
         with torch.inference_mode():
-            for i in range(0, len(seqs), self.micro_batch):
-                part = seqs[i:i + self.micro_batch]
+            for part in micro_batches([len(s.tokens) for s in seqs], self.micro_batch, budget, seqs):
                 completion_logprobs(model, [(s.tokens, s.num_prompt) for s in part], [1.0] * len(part))
         sync(model.device)
         return t1 - t0, time.perf_counter() - t1

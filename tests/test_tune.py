@@ -99,7 +99,8 @@ def test_exhaustive_check_measures_every_distinct_candidate_beside_the_search(tm
 
 def test_check_times_both_engines_alternately_and_predicts_from_the_default(tmp_path, monkeypatch):
     """The check runs the workload on the profiled engine and the tuned one in turn, `repeats` rounds
-    (which goes first alternating), and predicts from the default's median beside the tuned one, not from the profiled (recorded) run.
+    (which goes first alternating), and predicts from the default's median beside the tuned one, not from the
+    profiled (recorded) run.
     The runs are real; the seconds they report are scripted, so medians, order and fallback are exact."""
     path = save(hf_model("qwen2"), tmp_path / "m")
     model = load_model(path, "detent", dtype=torch.float32, **LIMITS)
@@ -121,7 +122,8 @@ def test_check_times_both_engines_alternately_and_predicts_from_the_default(tmp_
     _, report = tune(model, Workload(prompts=2, prompt_len=12, new_tokens=3, micro_batch=2), build=build, repeats=3,
                      families=("log_softmax",), log=lambda _: None)
     default, tuned = engines[0], engines[2]
-    assert default is not tuned and engines == [default, default, tuned] + [default, tuned, tuned, default, default, tuned]
+    assert default is not tuned
+    assert engines == [default, default, tuned] + [default, tuned, tuned, default, default, tuned]
     assert (report.profiled_s, report.default_s, report.measured_s, report.rounds) == (5.0, 2.25, 1.75, 3)
     assert report.default_phases == (1.625, 0.625) and report.measured_phases == (1.25, 0.5)
     assert report.round_savings == [0.25, -0.25, 1.375]  # each round's pair: (2, 1.75), (2.25, 2.5), (2.875, 1.5)
@@ -239,12 +241,14 @@ def test_cli_and_its_errors(tmp_path, capsys):
         tune(stock, Workload(1, 4, 1))
     with pytest.raises(ValueError, match="exceed the deployment's context of 256"):
         tune(load_model(path, "detent", dtype=torch.float32, **LIMITS), Workload(1, 250, 10))
-    # a trainer forward past the step's tokens is refused before anything runs, naming the numbers
+    # a sequence past a trainer forward's tokens (the deployment's step) is refused before anything runs, naming
+    # the numbers (more sequences than a step holds are cut into micro-batches, as the trainer cuts them)
     with pytest.raises(SystemExit):
         main(["--model", str(path), "--prompts", "4", "--prompt-len", "100", "--new-tokens", "40", "--micro-batch",
-              "4", *(f"--{k.replace('_', '-')}={v}" for k, v in LIMITS.items()), "--out", str(out)])
-    assert "a trainer forward of 4 sequences x 140 tokens = 560 exceeds the deployment's max_num_tokens of 512" \
-        in capsys.readouterr().err
+              "4", *(f"--{k.replace('_', '-')}={v}" for k, v in {**LIMITS, "max_num_tokens": 128}.items()),
+              "--out", str(out)])
+    assert "a sequence of 100 + 40 tokens exceeds a trainer forward's budget of 128 tokens (the deployment's " \
+        "max_num_tokens 128)" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--model", str(path), *shape, "--families", "matmul,sampler", "--out", str(out)])
     assert "--families 'matmul,sampler'" in capsys.readouterr().err
@@ -384,3 +388,36 @@ def test_the_tuner_reports_a_search_best_it_did_not_keep(tmp_path, monkeypatch):
     monkeypatch.setattr(search_module, "MIN_GAIN", float("-inf"))
     _, free = tune(model, workload, repeats=1, families=("attention", "matmul"), log=lambda _: None)
     assert all(s.rejected is None for s in free.sites) and any(s.best != s.default for s in free.sites)
+
+
+def test_a_recipes_workload_rescores_in_the_trainers_micro_batches(tmp_path, monkeypatch):
+    """`--recipe`: the workload's rescoring forwards are cut as the trainer cuts its micro-batches, by sequences
+    (`train.micro_batch_size`) and by tokens (`train.max_tokens_per_micro_batch`): a recipe whose whole micro-batch
+    of sequences is past the deployment's step, but whose token budget holds each sequence, is tuned, not refused
+    (recipes/long_1.5b_random.yaml was: 8 sequences x 8,472 tokens against a 17,024-token step)."""
+    import detent_rl.workload as workload_mod
+    from detent_rl.tune import profile, recipe_workload
+    overrides = ["model.builtin=tiny", "run.device=cpu", "data.template=plain", "rollout.prompts_per_step=8",
+                 "rollout.samples_per_prompt=4", "rollout.max_num_seqs=32", "rollout.max_new_tokens=2",
+                 "train.micro_batch_size=32", "train.max_tokens_per_micro_batch=200"]
+    from detent_rl.config import RECIPES_DIR
+    model, workload, _ = recipe_workload(str(RECIPES_DIR / "grpo_bf16.yaml"), overrides)
+    d = model.selections.deployment
+    assert workload.forward_tokens == 200 and workload.budget(d) == 200
+    length = workload.prompt_len + workload.new_tokens
+    assert workload.micro_batch * length > d.max_num_tokens  # what the old check refused
+    workload.check(d)
+    forwards = []
+
+    def spy(model, seqs, temperatures, **kw):
+        forwards.append([len(tokens) for tokens, _ in seqs])
+        return real(model, seqs, temperatures, **kw)
+    real = workload_mod.completion_logprobs
+    monkeypatch.setattr(workload_mod, "completion_logprobs", spy)
+    profile(workload.engine(model), workload)
+    assert sum(len(f) for f in forwards) == workload.requests and len(forwards) > 1
+    assert all(len(f) <= 32 and sum(f) <= 200 for f in forwards)
+    # control: a sequence longer than a forward's budget is refused before anything runs, naming the numbers
+    with pytest.raises(ValueError, match=f"a sequence of {workload.prompt_len} \\+ 2 tokens exceeds a trainer "
+                                         f"forward's budget of 20 tokens"):
+        Workload(8, workload.prompt_len, 2, forward_tokens=20).check(d)
