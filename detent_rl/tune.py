@@ -274,7 +274,8 @@ def recipe_workload(recipe_path: str, overrides: list[str]) -> tuple[CausalLM, W
     prompt = round(statistics.mean(len(p) for p in setup.prompts.values()))
     workload = Workload(prompts=ro.prompts_per_step, prompt_len=prompt, new_tokens=ro.max_new_tokens,
                         micro_batch=tr.micro_batch_size, max_num_seqs=ro.max_num_seqs, samples=ro.samples_per_prompt,
-                        step_graphs=ro.pieces(setup.spec.device), forward_tokens=tr.max_tokens_per_micro_batch)
+                        step_graphs=ro.pieces(setup.spec.device), forward_tokens=tr.max_tokens_per_micro_batch,
+                        chunk_size=ro.chunk_size)
     spec = setup.spec
 
     def build(t: CommitmentTuple) -> CausalLM:
@@ -304,6 +305,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="workload: requests decoding at once (without --recipe)")
     ap.add_argument("--step-graphs", action="store_true",
                     help="workload: prefill steps through piecewise graphs, as a run with rollout.step_graphs (without "
+                         "--recipe)")
+    ap.add_argument("--chunk-size", type=int, default=256,
+                    help="workload: chunked-prefill tokens a sequence a step, as a run's rollout.chunk_size (without "
                          "--recipe)")
     limits = {"max_context": 4096, "max_batch": 256, "max_num_tokens": 8192}  # load_model's defaults
     for name, default in limits.items():
@@ -345,7 +349,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             ap.error(f"--commitment: {e}")
         try:
             workload = Workload(args.prompts, args.prompt_len, args.new_tokens, args.micro_batch, args.max_num_seqs,
-                                args.samples, args.step_graphs)
+                                args.samples, args.step_graphs, chunk_size=args.chunk_size)
         except ValueError as e:
             ap.error(str(e))
         build = lambda t: load_model(path, "detent", commitment=t, **kw)  # noqa: E731

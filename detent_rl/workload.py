@@ -26,7 +26,8 @@ class Workload:
     most `forward_tokens` tokens (`train.max_tokens_per_micro_batch`; None: the deployment's step), cut as the
     trainer cuts its micro-batches (`trainer.accumulate.micro_batches`).
     `step_graphs`: the engine runs its prefill steps through piecewise graphs (`rollout.step_graphs`), whose
-    linears see the padded token count: the profile's calls are then the run's."""
+    linears see the padded token count: the profile's calls are then the run's. `chunk_size`: the engine's
+    chunked-prefill tokens a sequence a step (`rollout.chunk_size`), which set the prefill's shapes."""
     prompts: int
     prompt_len: int
     new_tokens: int
@@ -35,9 +36,10 @@ class Workload:
     samples: int = 1
     step_graphs: bool = False
     forward_tokens: Optional[int] = None
+    chunk_size: int = 256
 
     def __post_init__(self) -> None:
-        for name in ("prompts", "prompt_len", "new_tokens", "micro_batch", "max_num_seqs", "samples"):
+        for name in ("prompts", "prompt_len", "new_tokens", "micro_batch", "max_num_seqs", "samples", "chunk_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"workload {name} must be >= 1, got {getattr(self, name)}")
         if self.forward_tokens is not None and self.forward_tokens < 1:
@@ -70,7 +72,8 @@ class Workload:
         d = model.selections.deployment
         self.check(d)
         return Engine.for_requests(model, self.requests, self.prompt_len + self.new_tokens,
-                                   min(self.requests, d.max_batch, self.max_num_seqs), step_graphs=self.step_graphs)
+                                   min(self.requests, d.max_batch, self.max_num_seqs), step_graphs=self.step_graphs,
+                                   chunk_size=self.chunk_size)
 
     def run(self, engine: Engine) -> float:
         """Seconds to generate and rescore the workload on `engine` (synchronised on the GPU); its

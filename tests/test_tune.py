@@ -323,6 +323,22 @@ def test_a_workload_with_step_graphs_profiles_the_padded_counts(tmp_path):
     assert 80 in rows[True] and 74 not in rows[True]
 
 
+def test_a_workloads_chunk_size_sets_its_prefill_shapes(tmp_path):
+    """`chunk_size` (a run's rollout.chunk_size): the engine prefills a prompt in chunks of that many tokens, so the
+    profile holds the chunks' token counts, as the run will (the tuner's engine once took the engine's default)."""
+    from detent_rl.tune import profile
+    model = load_model(save(hf_model("qwen2"), tmp_path / "m"), "detent", dtype=torch.float32, **LIMITS)
+    rows = {}
+    for chunk in (32, 256):
+        w = Workload(1, 100, 2, micro_batch=1, chunk_size=chunk)
+        _, calls = profile(w.engine(model), w)
+        rows[chunk] = {args[0] for k, c in calls.items() if k.startswith("matmul") for args in c}
+    assert {32, 4} <= rows[32] and 100 not in rows[32]  # 3 chunks of 32, then 4 (102 tokens rescored apart)
+    assert 100 in rows[256] and 32 not in rows[256]
+    with pytest.raises(ValueError, match="chunk_size must be >= 1"):
+        Workload(1, 100, 2, chunk_size=0)
+
+
 def test_with_the_gated_epilogue_on_the_gate_up_site_is_timed_as_the_mlp_runs_it(tmp_path, monkeypatch):
     """`DETENT_GATED_MLP=1`: the gate/up site's candidates are timed through `gate_up_silu` (the MLP's one launch,
     or its two kernels where a schedule is not fusable), every other site as `linear`; off, the gate/up site too
@@ -399,11 +415,11 @@ def test_a_recipes_workload_rescores_in_the_trainers_micro_batches(tmp_path, mon
     from detent_rl.tune import profile, recipe_workload
     overrides = ["model.builtin=tiny", "run.device=cpu", "data.template=plain", "rollout.prompts_per_step=8",
                  "rollout.samples_per_prompt=4", "rollout.max_num_seqs=32", "rollout.max_new_tokens=2",
-                 "train.micro_batch_size=32", "train.max_tokens_per_micro_batch=200"]
+                 "train.micro_batch_size=32", "train.max_tokens_per_micro_batch=200", "rollout.chunk_size=64"]
     from detent_rl.config import RECIPES_DIR
     model, workload, _ = recipe_workload(str(RECIPES_DIR / "grpo_bf16.yaml"), overrides)
     d = model.selections.deployment
-    assert workload.forward_tokens == 200 and workload.budget(d) == 200
+    assert workload.forward_tokens == 200 and workload.budget(d) == 200 and workload.chunk_size == 64
     length = workload.prompt_len + workload.new_tokens
     assert workload.micro_batch * length > d.max_num_tokens  # what the old check refused
     workload.check(d)
