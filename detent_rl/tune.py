@@ -275,7 +275,8 @@ def recipe_workload(recipe_path: str, overrides: list[str]) -> tuple[CausalLM, W
     # with engine replicas (data parallel) each engine runs its share of the step's groups, dealt in turn: the
     # first engine's (the most) is the shapes one engine sees
     workload = Workload(prompts=-(-ro.prompts_per_step // ro.num_engines), prompt_len=prompt,
-                        new_tokens=ro.max_new_tokens, micro_batch=tr.micro_batch_size, max_num_seqs=ro.max_num_seqs, samples=ro.samples_per_prompt,
+                        new_tokens=ro.max_new_tokens, micro_batch=tr.micro_batch_size, max_num_seqs=ro.max_num_seqs,
+                        samples=ro.samples_per_prompt,
                         step_graphs=ro.pieces(setup.spec.device), forward_tokens=tr.max_tokens_per_micro_batch,
                         chunk_size=ro.chunk_size)
     spec = setup.spec
