@@ -106,6 +106,10 @@ class RolloutSection:
     # sglang: SGLang's engine under the plugin (rollout/sglang_worker.py)
     backend: Literal["embedded", "sglang"] = "embedded"
 
+    def graphs(self) -> Optional[bool]:
+        """The embedded engine's `cuda_graphs` argument: decode through CUDA graphs (None, auto: on a CUDA device)."""
+        return {"auto": None, "on": True, "off": False}[self.cuda_graphs]
+
     def pieces(self, device: str) -> bool:
         """Whether the embedded engine on `device` runs its prefill and mixed steps through the piecewise step
         graphs: `step_graphs`, where auto is on where the decode graphs are captured (on the GPU, unless

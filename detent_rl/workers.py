@@ -107,9 +107,8 @@ class RolloutWorker:
         num_seqs = min(rollout.max_num_seqs, spec.max_batch)
         # enough pages for every sequence the engine runs at once at full context, plus slack
         blocks = rollout.num_blocks or min(num_seqs, batch) * -(-spec.max_context // self.model.page_size) + 8
-        graphs = {"auto": None, "on": True, "off": False}[rollout.cuda_graphs]
         self.engine = Engine(self.model, num_blocks=blocks, max_num_seqs=num_seqs, chunk_size=rollout.chunk_size,
-                             cuda_graphs=graphs,
+                             cuda_graphs=rollout.graphs(),
                              step_graphs=rollout.pieces(self.model.device.type))
         self.warmup: dict | None = None  # `Engine.warmup`'s report, where it ran
         if rollout.warmup == "on" or (rollout.warmup == "auto" and self.model.device.type == "cuda"):

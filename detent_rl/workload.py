@@ -27,7 +27,8 @@ class Workload:
     trainer cuts its micro-batches (`trainer.accumulate.micro_batches`).
     `step_graphs`: the engine runs its prefill steps through piecewise graphs (`rollout.step_graphs`), whose
     linears see the padded token count: the profile's calls are then the run's. `chunk_size`: the engine's
-    chunked-prefill tokens a sequence a step (`rollout.chunk_size`), which set the prefill's shapes."""
+    chunked-prefill tokens a sequence a step (`rollout.chunk_size`), which set the prefill's shapes. `cuda_graphs`:
+    decode through graphs at padded batch sizes (None: on a CUDA device; `rollout.cuda_graphs`)."""
     prompts: int
     prompt_len: int
     new_tokens: int
@@ -37,6 +38,7 @@ class Workload:
     step_graphs: bool = False
     forward_tokens: Optional[int] = None
     chunk_size: int = 256
+    cuda_graphs: Optional[bool] = None
 
     def __post_init__(self) -> None:
         for name in ("prompts", "prompt_len", "new_tokens", "micro_batch", "max_num_seqs", "samples", "chunk_size"):
@@ -73,7 +75,7 @@ class Workload:
         self.check(d)
         return Engine.for_requests(model, self.requests, self.prompt_len + self.new_tokens,
                                    min(self.requests, d.max_batch, self.max_num_seqs), step_graphs=self.step_graphs,
-                                   chunk_size=self.chunk_size)
+                                   chunk_size=self.chunk_size, cuda_graphs=self.cuda_graphs)
 
     def run(self, engine: Engine) -> float:
         """Seconds to generate and rescore the workload on `engine` (synchronised on the GPU); its

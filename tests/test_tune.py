@@ -420,9 +420,12 @@ def test_a_recipes_workload_rescores_in_the_trainers_micro_batches(tmp_path, mon
     model, workload, _ = recipe_workload(str(RECIPES_DIR / "grpo_bf16.yaml"), overrides)
     d = model.selections.deployment
     assert workload.forward_tokens == 200 and workload.budget(d) == 200 and workload.chunk_size == 64
+    assert workload.cuda_graphs is None  # rollout.cuda_graphs: auto
     # with engine replicas each engine's share of the groups is its workload (the first's: the most)
     _, shared, _ = recipe_workload(str(RECIPES_DIR / "grpo_bf16.yaml"), overrides + ["rollout.num_engines=3"])
     assert (shared.prompts, shared.samples, workload.prompts) == (3, 4, 8)
+    _, eager, _ = recipe_workload(str(RECIPES_DIR / "grpo_bf16.yaml"), overrides + ["rollout.cuda_graphs=off"])
+    assert eager.cuda_graphs is False and eager.step_graphs is False
     length = workload.prompt_len + workload.new_tokens
     assert workload.micro_batch * length > d.max_num_tokens  # what the old check refused
     workload.check(d)
