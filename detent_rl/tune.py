@@ -306,9 +306,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "trainer's)")
     ap.add_argument("--max-num-seqs", type=int, default=64,
                     help="workload: requests decoding at once (without --recipe)")
-    ap.add_argument("--step-graphs", action="store_true",
-                    help="workload: prefill steps through piecewise graphs, as a run with rollout.step_graphs (without "
-                         "--recipe)")
+    ap.add_argument("--step-graphs", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
+                    help="workload: prefill steps through piecewise graphs, as a run's rollout.step_graphs (auto: on a "
+                         "CUDA device, the runs' default; the flag alone: on) (without --recipe)")
     ap.add_argument("--chunk-size", type=int, default=256,
                     help="workload: chunked-prefill tokens a sequence a step, as a run's rollout.chunk_size (without "
                          "--recipe)")
@@ -352,7 +352,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             ap.error(f"--commitment: {e}")
         try:
             workload = Workload(args.prompts, args.prompt_len, args.new_tokens, args.micro_batch, args.max_num_seqs,
-                                args.samples, args.step_graphs, chunk_size=args.chunk_size)
+                                args.samples, (args.device.startswith("cuda") if args.step_graphs == "auto" else
+                                               args.step_graphs == "on"), chunk_size=args.chunk_size)
         except ValueError as e:
             ap.error(str(e))
         build = lambda t: load_model(path, "detent", commitment=t, **kw)  # noqa: E731
