@@ -151,3 +151,21 @@ def test_gpu_warmup_leaves_an_online_serve_nothing_to_compile(tmp_path, arm, dty
     with counting_compiles() as compiled:
         _serve_online(Engine(model, num_blocks=64, chunk_size=64))
     assert compiled
+
+
+def test_the_warmup_plan_bench_counts_each_arms_steps_without_a_device(monkeypatch, capsys):
+    """`bench/warmup_plan.py` (the warm-up's cost in steps, per arm, on the meta device): a row per arm and
+    setting, whose kinds add up to its steps; det's one schedule for every M needs the fewest classes."""
+    import importlib.util
+    from pathlib import Path
+    bench = Path(__file__).resolve().parent.parent / "bench" / "warmup_plan.py"
+    spec = importlib.util.spec_from_file_location("warmup_plan", bench)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(sys, "argv", ["warmup_plan.py", "--model", "tiny", "--step-graphs", "off,on"])
+    mod.main()
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    table = {(r[0].strip(), r[1].strip()): [int(v) for v in r[2:6]] for r in rows}
+    assert set(table) == {(a, g) for a in ("stock", "detent", "corun", "det") for g in ("off", "on")}
+    assert all(steps == sum(kinds) > 0 for steps, *kinds in table.values())
+    assert table[("det", "on")][0] < table[("detent", "on")][0]
