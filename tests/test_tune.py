@@ -298,52 +298,6 @@ def test_cold_copies_rotate_over_enough_bytes():
     assert cold_copies(t)() is t and cold_copies(t)() is t  # on the CPU: no copies by default
 
 
-def test_grpo_groups_prefill_each_prompt_once(tmp_path):
-    """`samples` requests per prompt, as a GRPO step makes them: the prefix cache prefills the shared
-    prompt once, so the tuner profiles the M values the run sees (distinct prompts prefill more)."""
-    from detent_rl.tune import profile
-    model = load_model(save(hf_model("qwen2"), tmp_path / "m"), "detent", dtype=torch.float32, **LIMITS)
-    rows = {}
-    for w in (Workload(2, 40, 2, micro_batch=2, samples=3), Workload(6, 40, 2, micro_batch=2)):
-        assert w.requests == 6
-        _, calls = profile(w.engine(model), w)
-        key = next(k for k in calls if k.startswith("matmul"))
-        rows[w.samples] = sum(args[0] * n for args, n in calls[key].items())
-    assert rows[3] < rows[1] - 100  # two 40-token prompts prefilled, not six
-    with pytest.raises(ValueError, match="samples must be >= 1"):
-        Workload(2, 40, 2, samples=0)
-
-
-def test_a_workload_with_step_graphs_profiles_the_padded_counts(tmp_path):
-    """With `step_graphs` the prefill's linears run at the padded token count: the profile holds that count (a
-    piece size), not the step's own, as the run will."""
-    from detent_rl.tune import profile
-    model = load_model(save(hf_model("qwen2"), tmp_path / "m"), "detent", dtype=torch.float32, **LIMITS)
-    rows = {}
-    for pieces in (False, True):
-        w = Workload(2, 37, 2, micro_batch=2, step_graphs=pieces)  # one prefill step of 74 tokens
-        _, calls = profile(w.engine(model), w)
-        rows[pieces] = {args[0] for k, c in calls.items() if k.startswith("matmul") for args in c}
-    assert 74 in rows[False] and 80 not in rows[False]
-    assert 80 in rows[True] and 74 not in rows[True]
-
-
-def test_a_workloads_chunk_size_sets_its_prefill_shapes(tmp_path):
-    """`chunk_size` (a run's rollout.chunk_size): the engine prefills a prompt in chunks of that many tokens, so the
-    profile holds the chunks' token counts, as the run will (the tuner's engine once took the engine's default)."""
-    from detent_rl.tune import profile
-    model = load_model(save(hf_model("qwen2"), tmp_path / "m"), "detent", dtype=torch.float32, **LIMITS)
-    rows = {}
-    for chunk in (32, 256):
-        w = Workload(1, 100, 2, micro_batch=1, chunk_size=chunk)
-        _, calls = profile(w.engine(model), w)
-        rows[chunk] = {args[0] for k, c in calls.items() if k.startswith("matmul") for args in c}
-    assert {32, 4} <= rows[32] and 100 not in rows[32]  # 3 chunks of 32, then 4 (102 tokens rescored apart)
-    assert 100 in rows[256] and 32 not in rows[256]
-    with pytest.raises(ValueError, match="chunk_size must be >= 1"):
-        Workload(1, 100, 2, chunk_size=0)
-
-
 def test_with_the_gated_epilogue_on_the_gate_up_site_is_timed_as_the_mlp_runs_it(tmp_path, monkeypatch):
     """`DETENT_GATED_MLP=1`: the gate/up site's candidates are timed through `gate_up_silu` (the MLP's one launch,
     or its two kernels where a schedule is not fusable), every other site as `linear`; off, the gate/up site too
@@ -409,42 +363,3 @@ def test_the_tuner_reports_a_search_best_it_did_not_keep(tmp_path, monkeypatch):
     monkeypatch.setattr(search_module, "MIN_GAIN", float("-inf"))
     _, free = tune(model, workload, repeats=1, families=("attention", "matmul"), log=lambda _: None)
     assert all(s.rejected is None for s in free.sites) and any(s.best != s.default for s in free.sites)
-
-
-def test_a_recipes_workload_rescores_in_the_trainers_micro_batches(tmp_path, monkeypatch):
-    """`--recipe`: the workload's rescoring forwards are cut as the trainer cuts its micro-batches, by sequences
-    (`train.micro_batch_size`) and by tokens (`train.max_tokens_per_micro_batch`): a recipe whose whole micro-batch
-    of sequences is past the deployment's step, but whose token budget holds each sequence, is tuned, not refused
-    (recipes/long_1.5b_random.yaml was: 8 sequences x 8,472 tokens against a 17,024-token step)."""
-    import detent_rl.workload as workload_mod
-    from detent_rl.tune import profile, recipe_workload
-    overrides = ["model.builtin=tiny", "run.device=cpu", "data.template=plain", "rollout.prompts_per_step=8",
-                 "rollout.samples_per_prompt=4", "rollout.max_num_seqs=32", "rollout.max_new_tokens=2",
-                 "train.micro_batch_size=32", "train.max_tokens_per_micro_batch=200", "rollout.chunk_size=64"]
-    from detent_rl.config import RECIPES_DIR
-    model, workload, _ = recipe_workload(str(RECIPES_DIR / "grpo_bf16.yaml"), overrides)
-    d = model.selections.deployment
-    assert workload.forward_tokens == 200 and workload.budget(d) == 200 and workload.chunk_size == 64
-    assert workload.cuda_graphs is None  # rollout.cuda_graphs: auto
-    # with engine replicas each engine's share of the groups is its workload (the first's: the most)
-    _, shared, _ = recipe_workload(str(RECIPES_DIR / "grpo_bf16.yaml"), overrides + ["rollout.num_engines=3"])
-    assert (shared.prompts, shared.samples, workload.prompts) == (3, 4, 8)
-    _, eager, _ = recipe_workload(str(RECIPES_DIR / "grpo_bf16.yaml"), overrides + ["rollout.cuda_graphs=off"])
-    assert eager.cuda_graphs is False and eager.step_graphs is False
-    length = workload.prompt_len + workload.new_tokens
-    assert workload.micro_batch * length > d.max_num_tokens  # what the old check refused
-    workload.check(d)
-    forwards = []
-
-    def spy(model, seqs, temperatures, **kw):
-        forwards.append([len(tokens) for tokens, _ in seqs])
-        return real(model, seqs, temperatures, **kw)
-    real = workload_mod.completion_logprobs
-    monkeypatch.setattr(workload_mod, "completion_logprobs", spy)
-    profile(workload.engine(model), workload)
-    assert sum(len(f) for f in forwards) == workload.requests and len(forwards) > 1
-    assert all(len(f) <= 32 and sum(f) <= 200 for f in forwards)
-    # control: a sequence longer than a forward's budget is refused before anything runs, naming the numbers
-    with pytest.raises(ValueError, match=f"a sequence of {workload.prompt_len} \\+ 2 tokens exceeds a trainer "
-                                         f"forward's budget of 20 tokens"):
-        Workload(8, workload.prompt_len, 2, forward_tokens=20).check(d)
