@@ -11,6 +11,7 @@ import torch
 
 from detent_rl.config import Recipe, RecipeError
 from detent_rl.data import PromptTooLong, Task, load_tasks, render_prompt, split_eval
+from detent_rl.kernels.commitment import CommitmentError
 from detent_rl.models.builtin import builtin_checkpoint, has_own_tokenizer
 from detent_rl.models.config import ModelConfig
 from detent_rl.rewards import load_reward
@@ -66,11 +67,14 @@ def prepare(recipe: Recipe) -> RunSetup:
     for s, key in ((spec, "model.tp_size"), (rollout_spec, "rollout.tp_size")):
         try:
             s.check()
+        except CommitmentError as e:  # unreadable, or made for another deployment or model
+            raise RecipeError(f"{recipe.source}: model.commitment: {e}") from None
         except ValueError as e:  # the model does not cut over that many ranks (or not invariantly)
             if s.tp_size == 1 and not m.tp_invariant:
                 raise
             raise RecipeError(f"{recipe.source}: {key}: {s.tp_size}: {e}") from None
-    return RunSetup(device, checkpoint, tokenizer, spec, rollout_spec, train_tasks, eval_tasks, prompts, load_reward(d.reward))
+    return RunSetup(device, checkpoint, tokenizer, spec, rollout_spec, train_tasks, eval_tasks, prompts,
+                    load_reward(d.reward))
 
 
 def _check_ray_resources(recipe: Recipe, need: dict, have: dict) -> None:
@@ -80,7 +84,8 @@ def _check_ray_resources(recipe: Recipe, need: dict, have: dict) -> None:
             hint = " (raise ray.num_cpus)" if kind == "CPU" and not recipe.ray.address else ""
             ranks = f" ({recipe.train.num_gpus} ranks)" if recipe.train.num_gpus > 1 else ""
             raise RecipeError(f"{recipe.source}: rollout.num_engines: {recipe.rollout.num_engines} engine(s) and the "
-                              f"trainer{ranks} need {n:g} {kind}(s) of Ray; the cluster has {have.get(kind, 0):g}{hint}")
+                              f"trainer{ranks} need {n:g} {kind}(s) of Ray; the cluster has {have.get(kind, 0):g}"
+                              f"{hint}")
 
 
 def model_spec(recipe: Recipe, checkpoint: Path, device: str) -> ModelSpec:
@@ -91,8 +96,8 @@ def model_spec(recipe: Recipe, checkpoint: Path, device: str) -> ModelSpec:
     sglang_tile = 0
     if ro.backend == "sglang":
         if device != "cuda":
-            raise RecipeError(f"{recipe.source}: rollout.backend: sglang needs a CUDA GPU (SGLang's engine); this run's "
-                              f"device is {device}")
+            raise RecipeError(f"{recipe.source}: rollout.backend: sglang needs a CUDA GPU (SGLang's engine); this "
+                              f"run's device is {device}")
         from detent_rl.kernels.programs.sglang.triton_decode import DEFAULT_SPLIT_TILE
         from detent_rl.rollout.sglang_plugin import split_tile_size
         sglang_tile = split_tile_size(m.commitment) if m.commitment else DEFAULT_SPLIT_TILE
