@@ -96,23 +96,6 @@ def test_a_recipes_workload_rescores_in_the_trainers_micro_batches(tmp_path, mon
         Workload(8, workload.prompt_len, 2, forward_tokens=20).check(d)
 
 
-RUN = """
-run: {{name: t, dir: {dir}, arm: detent, device: cpu}}
-model: {{builtin: tiny, dtype: bfloat16, max_context: 192}}
-data:
-  source: reasoning_gym:basic_arithmetic
-  task_config: {{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1, operators: ["+", "-"],
-                allow_parentheses: false, allow_negation: false}}
-  size: 8
-  max_prompt_tokens: 160
-rollout: {{prompts_per_step: 2, samples_per_prompt: 2, max_new_tokens: 6}}
-train: {{steps: 1, micro_batch_size: 2}}
-checkpoint: {{every: 0}}
-log: {{progress: false, tensorboard: false}}
-ray: {{mode: inline}}
-"""
-
-
 def test_a_tuple_tuned_from_a_recipe_is_the_one_its_run_takes(tmp_path, capsys):
     """`python -m detent_rl.tune --recipe R` writes a tuple for R's deployment, and `python -m detent_rl.train R
     model.commitment=T` runs on it, every token bit-equal; control: a run of another deployment refuses it
@@ -125,17 +108,17 @@ def test_a_tuple_tuned_from_a_recipe_is_the_one_its_run_takes(tmp_path, capsys):
 
     from detent_rl.kernels.commitment import CommitmentTuple
     from detent_rl.tune import main
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(RUN.format(dir=tmp_path / "run"))
+    from test_train import _recipe
+    recipe = _recipe(tmp_path, tmp_path / "run")  # the tiny model's run of tests/test_train.py
     tuned = tmp_path / "t.json"
     assert main(["--recipe", str(recipe), "--no-check", "--families", "rmsnorm,log_softmax", "--repeats", "1",
                  "--out", str(tuned)]) == 0
-    assert "tuning for Workload(prompts=2," in capsys.readouterr().out
+    assert "tuning for Workload(prompts=2, " in capsys.readouterr().out
     env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "OMP_NUM_THREADS": "1"}
 
     def train(*extra: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "detent_rl.train", str(recipe), f"model.commitment={tuned}",
-                               *extra], cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True,
+                               "train.steps=1", "checkpoint.every=0", "ray.mode=inline", *extra], cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True,
                               text=True, timeout=600)
     done = train()
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
