@@ -118,8 +118,9 @@ def test_a_tuple_tuned_from_a_recipe_is_the_one_its_run_takes(tmp_path, capsys):
 
     def train(*extra: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "detent_rl.train", str(recipe), f"model.commitment={tuned}",
-                               "train.steps=1", "checkpoint.every=0", "ray.mode=inline", *extra], cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True,
-                              text=True, timeout=600)
+                               "train.steps=1", "checkpoint.every=0", "ray.mode=inline", *extra],
+                              cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
+                              timeout=600)
     done = train()
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     check = [json.loads(x) for x in (tmp_path / "run" / "bitcheck.jsonl").read_text().splitlines()]
