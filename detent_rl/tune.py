@@ -266,9 +266,16 @@ def tune(model: CausalLM, workload: Workload, *, build: Optional[Callable[[Commi
 def recipe_workload(recipe_path: str, overrides: list[str]) -> tuple[CausalLM, Workload, Callable]:
     """The recipe's model (as its workers build it), one of its steps as a workload, and a builder of
     the same model with another tuple."""
-    from detent_rl.config import load_recipe
+    from detent_rl.config import RecipeError, load_recipe
     from detent_rl.setup import prepare
     recipe = load_recipe(recipe_path, overrides)
+    if recipe.run.arm != "detent":
+        raise RecipeError(f"{recipe.source}: run.arm: {recipe.run.arm}: the tuner commits the detent arm's pins (a "
+                          f"tuple the {recipe.run.arm} arm would not take)")
+    for key, degree in (("model.tp_size", recipe.model.tp_size), ("rollout.tp_size", recipe.rollout.tp_size or 1)):
+        if degree > 1:  # its ranks' sites are cut shapes, in processes the tuner does not start
+            raise RecipeError(f"{recipe.source}: {key}: {degree}: the tuner profiles one process, not a "
+                              f"tensor-parallel group (only a run whose model is on one rank can be tuned)")
     setup = prepare(recipe)
     ro, tr = recipe.rollout, recipe.train
     prompt = round(statistics.mean(len(p) for p in setup.prompts.values()))
@@ -331,13 +338,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: at least 1 (timings per candidate call, and the check's rounds)")
+    families = tuple(f.strip() for f in args.families.split(",") if f.strip())
+    if not families or [f for f in families if f not in TUNED]:
+        ap.error(f"--families {args.families!r}: give some of {', '.join(TUNED)}")
     given = {name: getattr(args, name) for name in limits if getattr(args, name) is not None}
     if args.recipe:
         if given:
             ap.error(f"--recipe sets the deployment limits; {', '.join(given)} cannot be given with it")
         if args.commitment:
             ap.error("--recipe names its tuple (model.commitment); --commitment cannot be given with it")
-        model, workload, build = recipe_workload(args.recipe, args.overrides)
+        from detent_rl.train import USER_ERRORS
+        try:  # a recipe, its data or its model refused: one line, as the run would say it
+            model, workload, build = recipe_workload(args.recipe, args.overrides)
+        except USER_ERRORS as e:
+            ap.error(str(e))
     else:
         if not args.model:
             ap.error("give --recipe, or --model (and the workload's shape)")
@@ -357,9 +371,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         except ValueError as e:
             ap.error(str(e))
         build = lambda t: load_model(path, "detent", commitment=t, **kw)  # noqa: E731
-    families = tuple(f.strip() for f in args.families.split(",") if f.strip())
-    if not families or [f for f in families if f not in TUNED]:
-        ap.error(f"--families {args.families!r}: give some of {', '.join(TUNED)}")
     try:
         workload.check(model.selections.deployment)
     except ValueError as e:

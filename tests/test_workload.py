@@ -131,3 +131,22 @@ def test_a_tuple_tuned_from_a_recipe_is_the_one_its_run_takes(tmp_path, capsys):
     assert refused.returncode == 2 and f"{recipe}: model.commitment: commitment tuple {tuned} was made for another " \
         "deployment: max_context: tuple 192, model 256" in refused.stderr, refused.stderr[-2000:]
     assert not (tmp_path / "other").exists()  # refused before the run started
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["run.arm=stock"], "run.arm: stock: the tuner commits the detent arm's pins"),
+    (["model.tp_size=2"], "model.tp_size: 2: the tuner profiles one process, not a tensor-parallel group"),
+    (["model.tp_invariant=true", "rollout.tp_size=2"], "rollout.tp_size: 2: the tuner profiles one process"),
+    (["rollout.bogus=1"], "rollout.bogus: unknown key in override 'rollout.bogus=1'"),
+])
+def test_a_recipe_the_tuner_cannot_take_is_refused_in_one_line(tmp_path, capsys, overrides, message):
+    """`--recipe`: what the run would refuse, and what the tuner cannot tune, stop before any model loads, in one
+    line naming the recipe and the key (not a traceback)."""
+    from detent_rl.tune import main
+    from test_train import _recipe
+    recipe = _recipe(tmp_path, tmp_path / "run")
+    with pytest.raises(SystemExit) as e:
+        main(["--recipe", str(recipe), *overrides, "--out", str(tmp_path / "t.json")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"python -m detent_rl.tune: error: {recipe}: ") and message in err, err
