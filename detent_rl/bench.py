@@ -74,6 +74,7 @@ import torch
 
 from detent_rl.bench_cases import QUICK, Bench, Shapes, copy_bandwidth, poisson_arrivals, trace_of, weight_bytes
 from detent_rl.bench_report import merge_rounds, plot, render, time_vs_stock, variant
+from detent_rl.cli_checks import checkpoint_arg, device_arg
 from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.models.model import CausalLM
 
@@ -309,8 +310,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error(f"--stock-pdl {args.stock_pdl!r}: give on, off, on,off or auto")
     shapes = QUICK if args.quick else Shapes()
     from detent_rl.models import load_model
-    from detent_rl.models.builtin import NAMES, builtin_checkpoint
-    path = builtin_checkpoint(args.model) if args.model in NAMES else Path(args.model)
+    try:
+        device_arg(args.device)
+        path = checkpoint_arg(args.model)
+    except ValueError as e:
+        ap.error(str(e))
     limits = case_limits(cases, shapes, per_case_tokens(args.max_num_tokens, cases, ap.error))
     tuned = per_case_tuples(args.commitment, cases, ap.error) if args.commitment else {}
     tuples: dict[str, CommitmentTuple] = {}

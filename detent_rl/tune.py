@@ -63,7 +63,6 @@ import statistics
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
@@ -355,9 +354,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     else:
         if not args.model:
             ap.error("give --recipe, or --model (and the workload's shape)")
+        from detent_rl.cli_checks import checkpoint_arg, device_arg
         from detent_rl.models import load_model
-        from detent_rl.models.builtin import NAMES, builtin_checkpoint
-        path = builtin_checkpoint(args.model) if args.model in NAMES else Path(args.model)
+        try:
+            device_arg(args.device)
+            path = checkpoint_arg(args.model)
+        except ValueError as e:
+            ap.error(str(e))
         kw = dict(device=args.device, dtype=getattr(torch, args.dtype), **{**limits, **given})
         try:  # a tuple that cannot be read, or was made for another deployment or model, stops here
             start = CommitmentTuple.load(args.commitment) if args.commitment else None
