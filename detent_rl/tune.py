@@ -284,7 +284,8 @@ def recipe_workload(recipe_path: str, overrides: list[str]) -> tuple[CausalLM, W
                         new_tokens=ro.max_new_tokens, micro_batch=tr.micro_batch_size, max_num_seqs=ro.max_num_seqs,
                         samples=ro.samples_per_prompt,
                         step_graphs=ro.pieces(setup.spec.device), forward_tokens=tr.max_tokens_per_micro_batch,
-                        chunk_size=ro.chunk_size, cuda_graphs=ro.graphs())
+                        chunk_size=ro.chunk_size, cuda_graphs=ro.graphs(), temperature=ro.temperature, top_k=ro.top_k,
+                        top_p=ro.top_p)
     spec = setup.spec
 
     def build(t: CommitmentTuple) -> CausalLM:

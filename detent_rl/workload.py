@@ -28,7 +28,9 @@ class Workload:
     `step_graphs`: the engine runs its prefill steps through piecewise graphs (`rollout.step_graphs`), whose
     linears see the padded token count: the profile's calls are then the run's. `chunk_size`: the engine's
     chunked-prefill tokens a sequence a step (`rollout.chunk_size`), which set the prefill's shapes. `cuda_graphs`:
-    decode through graphs at padded batch sizes (None: on a CUDA device; `rollout.cuda_graphs`)."""
+    decode through graphs at padded batch sizes (None: on a CUDA device; `rollout.cuda_graphs`). `temperature`,
+    `top_k`, `top_p`: the rollout's sampling (a filtered row's decode graph returns logits and the eager sampler
+    filters them: other calls than a graph that samples), the rescoring's temperature too."""
     prompts: int
     prompt_len: int
     new_tokens: int
@@ -39,6 +41,9 @@ class Workload:
     forward_tokens: Optional[int] = None
     chunk_size: int = 256
     cuda_graphs: Optional[bool] = None
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("prompts", "prompt_len", "new_tokens", "micro_batch", "max_num_seqs", "samples", "chunk_size"):
@@ -46,6 +51,12 @@ class Workload:
                 raise ValueError(f"workload {name} must be >= 1, got {getattr(self, name)}")
         if self.forward_tokens is not None and self.forward_tokens < 1:
             raise ValueError(f"workload forward_tokens must be >= 1 or None, got {self.forward_tokens}")
+        self.params(0)  # the sampling settings' own checks (SamplingParams)
+
+    def params(self, i: int) -> SamplingParams:
+        """Request `i`'s sampling: seeded by its index, no stop token (every request decodes `new_tokens`)."""
+        return SamplingParams(seed=i, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                              max_tokens=self.new_tokens)
 
     @property
     def requests(self) -> int:
@@ -88,7 +99,7 @@ class Workload:
         g = torch.Generator().manual_seed(0)
         group = torch.randint(0, model.config.vocab_size, (self.prompts, self.prompt_len), generator=g).tolist()
         prompts = [p for p in group for _ in range(self.samples)]
-        params = [SamplingParams(seed=i, temperature=1.0, max_tokens=self.new_tokens) for i in range(self.requests)]
+        params = [self.params(i) for i in range(self.requests)]
         engine.flush_cache()
         sync(model.device)
         t0 = time.perf_counter()
@@ -98,6 +109,6 @@ class Workload:
         budget = self.budget(model.selections.deployment)
         with torch.inference_mode():
             for part in micro_batches([len(s.tokens) for s in seqs], self.micro_batch, budget, seqs):
-                completion_logprobs(model, [(s.tokens, s.num_prompt) for s in part], [1.0] * len(part))
+                completion_logprobs(model, [(s.tokens, s.num_prompt) for s in part], [self.temperature] * len(part))
         sync(model.device)
         return t1 - t0, time.perf_counter() - t1

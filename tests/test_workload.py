@@ -66,12 +66,16 @@ def test_a_recipes_workload_rescores_in_the_trainers_micro_batches(tmp_path, mon
     from detent_rl.tune import profile, recipe_workload
     overrides = ["model.builtin=tiny", "run.device=cpu", "data.template=plain", "rollout.prompts_per_step=8",
                  "rollout.samples_per_prompt=4", "rollout.max_num_seqs=32", "rollout.max_new_tokens=2",
-                 "train.micro_batch_size=32", "train.max_tokens_per_micro_batch=200", "rollout.chunk_size=64"]
+                 "train.micro_batch_size=32", "train.max_tokens_per_micro_batch=200", "rollout.chunk_size=64",
+                 "rollout.temperature=0.7", "rollout.top_p=0.9"]
     from detent_rl.config import RECIPES_DIR
     model, workload, _ = recipe_workload(str(RECIPES_DIR / "grpo_bf16.yaml"), overrides)
     d = model.selections.deployment
     assert workload.forward_tokens == 200 and workload.budget(d) == 200 and workload.chunk_size == 64
     assert workload.cuda_graphs is None  # rollout.cuda_graphs: auto
+    assert (workload.temperature, workload.top_k, workload.top_p) == (0.7, 0, 0.9)  # the rollout's sampling
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        Workload(1, 4, 1, temperature=-1.0)
     # with engine replicas each engine's share of the groups is its workload (the first's: the most)
     _, shared, _ = recipe_workload(str(RECIPES_DIR / "grpo_bf16.yaml"), overrides + ["rollout.num_engines=3"])
     assert (shared.prompts, shared.samples, workload.prompts) == (3, 4, 8)
@@ -84,6 +88,7 @@ def test_a_recipes_workload_rescores_in_the_trainers_micro_batches(tmp_path, mon
 
     def spy(model, seqs, temperatures, **kw):
         forwards.append([len(tokens) for tokens, _ in seqs])
+        assert set(temperatures) == {0.7}  # rescored at the rollout's temperature, as the trainer does
         return real(model, seqs, temperatures, **kw)
     real = workload_mod.completion_logprobs
     monkeypatch.setattr(workload_mod, "completion_logprobs", spy)
