@@ -47,7 +47,8 @@ def main() -> None:
     limits = {k: tuple_.deployment[k] for k in POISSON} if tuple_ else POISSON
     arms = [a for a in args.arms.split(",") if a] + (["tuned"] if tuple_ else [])
     print(f"{args.model}, deployment {limits}, an engine for 64 requests of 768 tokens, 64 in flight\n")
-    print("| arm | step graphs | steps planned | prefill | short | mixed | s (meta load + plan) |\n|---|---|---|---|---|---|---|")
+    print("| arm | step graphs | steps planned | prefill | short | mixed | s (meta load + plan) |")
+    print("|---|---|---|---|---|---|---|")
     for arm in arms:
         for pieces in (p == "on" for p in args.step_graphs.split(",")):
             t0 = time.perf_counter()
