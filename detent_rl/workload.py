@@ -84,8 +84,10 @@ class Workload:
         """An engine for this workload on `model` (its CUDA graphs are captured on its first run)."""
         d = model.selections.deployment
         self.check(d)
+        # the run's slots (`workers.py`): not capped by the requests, since the decode graphs' padded sizes follow
+        # the slots (5 requests in 8 slots decode at the padded 8, not 5)
         return Engine.for_requests(model, self.requests, self.prompt_len + self.new_tokens,
-                                   min(self.requests, d.max_batch, self.max_num_seqs), step_graphs=self.step_graphs,
+                                   min(d.max_batch, self.max_num_seqs), step_graphs=self.step_graphs,
                                    chunk_size=self.chunk_size, cuda_graphs=self.cuda_graphs)
 
     def run(self, engine: Engine) -> float:

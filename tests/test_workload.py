@@ -57,6 +57,25 @@ def test_a_workloads_chunk_size_sets_its_prefill_shapes(tmp_path):
         Workload(1, 100, 2, chunk_size=0)
 
 
+def test_a_workloads_decode_pads_to_the_runs_slots(tmp_path):
+    """The engine has the run's slots (`rollout.max_num_seqs`), not one per request: its decode graphs pad a batch to
+    the sizes of those slots, so 5 requests in 8 slots decode at M = 8, as the run's do (the tuner's engine once had
+    5 slots, and profiled M = 5)."""
+    from detent_rl.rollout.cuda_graph import DecodeGraphs
+    from detent_rl.tune import profile
+    model = load_model(save(hf_model("qwen2"), tmp_path / "m"), "detent", dtype=torch.float32, **LIMITS)
+    w = Workload(5, 20, 3, micro_batch=5, max_num_seqs=8)
+    engine = w.engine(model)
+    assert engine.scheduler.max_num_seqs == 8
+    # the decode graphs' padded steps, run eagerly (the CPU has no graphs)
+    engine.graphs = DecodeGraphs(model, engine.caches, len(engine.blocks.blocks), engine.scheduler.max_num_seqs,
+                                 capture=False)
+    _, calls = profile(engine, w)
+    head = f"[n={model.config.vocab_size}]"  # the LM head runs on the prefill's 5 sampled rows: left out
+    rows = {args[0] for k, c in calls.items() if k.startswith("matmul") and head not in k for args in c}
+    assert rows == {100, 8, 115}  # the prefill's 5 x 20 tokens, the decode at the padded 8, the rescore's 5 x 23
+
+
 def test_a_recipes_workload_rescores_in_the_trainers_micro_batches(tmp_path, monkeypatch):
     """`--recipe`: the workload's rescoring forwards are cut as the trainer cuts its micro-batches, by sequences
     (`train.micro_batch_size`) and by tokens (`train.max_tokens_per_micro_batch`): a recipe whose whole micro-batch
