@@ -312,7 +312,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="workload: sequences per trainer forward (at most: the step's tokens cut it too, as the "
                          "trainer's)")
     ap.add_argument("--max-num-seqs", type=int, default=64,
-                    help="workload: requests decoding at once (without --recipe)")
+                    help="workload: the engine's slots, requests decoding at once, as a run's rollout.max_num_seqs "
+                         "(without --recipe)")
     ap.add_argument("--step-graphs", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
                     help="workload: prefill steps through piecewise graphs, as a run's rollout.step_graphs (auto: on a "
                          "CUDA device, the runs' default; the flag alone: on) (without --recipe)")
