@@ -40,7 +40,7 @@ from detent_rl.atomic import write_text
 from detent_rl.battery_cells import (NUM_COMPARED, BatteryError, Cell, Request, Run, build_cells, select_cells,
                                      target_prompt)
 from detent_rl.kernels.selections import ARMS
-from detent_rl.models.builtin import BUILTINS, SMOLLM2, builtin_checkpoint
+from detent_rl.models.builtin import BUILTINS, SMOLLM2, checkpoint_of
 from detent_rl.models.config import ModelConfig, ModelConfigError
 from detent_rl.models.gguf import GGUFError, ModelFetchError
 from detent_rl.models.loader import WeightsError, load_model
@@ -65,13 +65,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def checkpoint_dir(model: str) -> Path:
     """The checkpoint directory of `model`: a built-in's (made or converted once), or a path."""
-    if model in BUILTINS:
-        return builtin_checkpoint(model)
-    path = Path(model)
-    if not path.is_dir():
-        raise BatteryError(f"model {model!r} is neither a built-in model ({', '.join(BUILTINS)}) "
-                           f"nor a checkpoint directory: {path.resolve()} does not exist")
-    return path
+    try:
+        return checkpoint_of(model)
+    except ValueError as e:
+        raise BatteryError(f"model {e}") from None
 
 
 def model_config(model: str) -> ModelConfig:

@@ -142,7 +142,8 @@ def test_arrivals_are_a_seeded_poisson_process_and_bad_arguments_are_refused(tmp
         main(["--stock-pdl", "sometimes", "--out", str(tmp_path)])
     assert "--stock-pdl 'sometimes': give on, off, on,off or auto" in capsys.readouterr().err
     missing = tmp_path / "none"
-    for argv, message in ((["--model", str(missing)], f"--model {missing}: neither a built-in model (smollm2"),
+    for argv, message in ((["--model", str(missing)], f"--model: '{missing}' is neither a built-in model (smollm2"),
+                          (["--model", str(tmp_path)], f"--model: {tmp_path}/config.json: no such config file"),
                           (["--device", "mps"], "--device mps: the tools run on cpu or cuda")):
         with pytest.raises(SystemExit):  # before any model is loaded or written
             main([*argv, "--out", str(tmp_path)])

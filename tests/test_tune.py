@@ -230,7 +230,7 @@ def test_cli_and_its_errors(tmp_path, capsys):
     assert "workload prompts must be >= 1, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--model", str(tmp_path / "none"), "--out", str(out)])
-    assert f"--model {tmp_path / 'none'}: neither a built-in model" in capsys.readouterr().err
+    assert f"--model: '{tmp_path / 'none'}' is neither a built-in model" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--model", str(path), "--repeats", "0", "--out", str(out)])
     assert "--repeats 0: at least 1" in capsys.readouterr().err

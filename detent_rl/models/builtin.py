@@ -93,6 +93,18 @@ def builtin_checkpoint(name: str, cache_dir: Optional[str | Path] = None) -> Pat
     return out
 
 
+def checkpoint_of(model: str) -> Path:
+    """The checkpoint directory of `model`: a built-in's (made or converted once in the models cache), or an
+    existing directory (ValueError otherwise, naming it and the built-ins; its config.json is read at the load)."""
+    if model in BUILTINS:
+        return builtin_checkpoint(model)
+    path = Path(model)
+    if not path.is_dir():
+        raise ValueError(f"{model!r} is neither a built-in model ({', '.join(NAMES)}) nor a checkpoint directory: "
+                         f"{path.resolve()} does not exist")
+    return path
+
+
 def entry_digest(b: Builtin, seed: int = SEED) -> str:
     """A name for how the weights are made: another config, init, seed or dtype is another directory."""
     text = json.dumps({"init": b.init, "config": b.config, "seed": seed, "dtype": str(DTYPE)}, sort_keys=True)
