@@ -74,7 +74,7 @@ import torch
 
 from detent_rl.bench_cases import QUICK, Bench, Shapes, copy_bandwidth, poisson_arrivals, trace_of, weight_bytes
 from detent_rl.bench_report import merge_rounds, plot, render, time_vs_stock, variant
-from detent_rl.cli_checks import device_arg
+from detent_rl.cli_checks import model_on_device
 from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.models.model import CausalLM
 
@@ -310,17 +310,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error(f"--stock-pdl {args.stock_pdl!r}: give on, off, on,off or auto")
     shapes = QUICK if args.quick else Shapes()
     from detent_rl.models import load_model
-    from detent_rl.models.builtin import checkpoint_of
-    from detent_rl.models.config import ModelConfig
     try:
-        device_arg(args.device)
+        path = model_on_device(args.model, args.device)
     except ValueError as e:
         ap.error(str(e))
-    try:  # a directory that is not one, or whose config.json this model code cannot take
-        path = checkpoint_of(args.model)
-        ModelConfig.from_file(path)
-    except ValueError as e:
-        ap.error(f"--model: {e}")
     limits = case_limits(cases, shapes, per_case_tokens(args.max_num_tokens, cases, ap.error))
     tuned = per_case_tuples(args.commitment, cases, ap.error) if args.commitment else {}
     tuples: dict[str, CommitmentTuple] = {}

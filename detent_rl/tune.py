@@ -356,19 +356,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     else:
         if not args.model:
             ap.error("give --recipe, or --model (and the workload's shape)")
-        from detent_rl.cli_checks import device_arg
+        from detent_rl.cli_checks import model_on_device
         from detent_rl.models import load_model
-        from detent_rl.models.builtin import checkpoint_of
-        from detent_rl.models.config import ModelConfig
         try:
-            device_arg(args.device)
+            path = model_on_device(args.model, args.device)
         except ValueError as e:
             ap.error(str(e))
-        try:  # a directory that is not one, or whose config.json this model code cannot take
-            path = checkpoint_of(args.model)
-            ModelConfig.from_file(path)
-        except ValueError as e:
-            ap.error(f"--model: {e}")
         kw = dict(device=args.device, dtype=getattr(torch, args.dtype), **{**limits, **given})
         try:  # a tuple that cannot be read, or was made for another deployment or model, stops here
             start = CommitmentTuple.load(args.commitment) if args.commitment else None
