@@ -83,6 +83,13 @@ def _median_run(case: str, runs: list[dict]) -> dict:
     return sorted(runs, key=lambda r: r[MAIN_METRIC[case]])[len(runs) // 2]
 
 
+def _tokens(r: dict) -> str:
+    """The Poisson serve's eager steps' sizes (prefill chunks and mixed steps), where the run recorded them."""
+    if "eager_tokens_max" not in r:
+        return ""
+    return f", median {r['eager_tokens_median']:,.0f} tokens, max {r['eager_tokens_max']:,}"
+
+
 def render(results: dict) -> str:
     rounds = len(results.get("rounds", ())) or 1
     head = "time vs stock" if rounds == 1 else f"time vs stock, median of {rounds} rounds (each round's)"
@@ -112,7 +119,7 @@ def render(results: dict) -> str:
                 text = f"p50 {r['p50_ms']:.2f} / p90 {r['p90_ms']:.2f} / p99 {r['p99_ms']:.2f} ms per output token" + (
                     f"; {r['steps']} steps, median {r['step_median_ms']:.2f} ms, slowest {r['step_max_ms']:.1f} ms"
                     if "step_max_ms" in r else "") + (
-                    f" ({r['eager_steps']} eager: {r['eager_ms']:.0f} ms; the rest {r['graph_ms']:.0f} ms)"
+                    f" ({r['eager_steps']} eager{_tokens(r)}: {r['eager_ms']:.0f} ms; the rest {r['graph_ms']:.0f} ms)"
                     if "eager_ms" in r else "") + (f"; {r['compiles']} compiles" if "compiles" in r else "") + (
                     f"; warm-up {r['warmup_s']:.1f} s, {r['warmup_mib']:,.0f} MiB" if "warmup_mib" in r else "")
             else:

@@ -77,6 +77,7 @@ class Engine:
         self._inflight: tuple[list[Span], PendingStep] | None = None  # a launched step, tokens unread
         self.released = False  # the KV cache's memory is freed (`release_memory`) until the next step
         self.eager_steps = 0  # steps through `_step` (prefill, mixed, filtered decode rows), not a sampling graph
+        self.eager_tokens = 0  # the tokens those steps ran
 
     @classmethod
     def for_requests(cls, model: CausalLM, sequences: int, tokens: int, max_num_seqs: int, **options) -> "Engine":
@@ -221,6 +222,7 @@ class Engine:
         """A step whose graph does not sample (prefill, filtered rows, eager engines): logits, then the
         eager sampler."""
         self.eager_steps += 1
+        self.eager_tokens += sum(s.count for s in spans)
         graphed = self._graphed(spans)
         logits = self._logits(spans, graphed)
         if logits is None:
