@@ -94,6 +94,18 @@ def case_limits(cases: list[str], shapes: Shapes, max_num_tokens: dict[str, int]
                     max_num_tokens=max_num_tokens.get(c, max_num_tokens[""])) for c in cases}
 
 
+def deployment(arm: str, case: str, shapes: Shapes, limits: dict[str, dict[str, int]]) -> dict[str, int]:
+    """The deployment `arm` runs `case` on: the case's limits (`case_limits`), but for CoRun with max_batch set to
+    the case's engine's sequences in flight. CoRun pads every decode step to the deployment's maximum concurrency
+    (`Engine`), which a CoRun server sets to the concurrency it serves: the shared max_batch (256, for the GRPO
+    batch) would pad a batch-1, a 32-request, a 64-slot online and a 2-request long decode to 256 rows, a cost its
+    users would not pay (the bench did so until session 38)."""
+    slots = shapes.slots(case)
+    if arm != "corun" or slots is None:
+        return limits[case]
+    return {**limits[case], "max_batch": min(slots, limits[case]["max_batch"])}
+
+
 def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_factor: float,
         log: Callable[[str], None] = print, arms: tuple[str, ...] = ARMS,
         stock_pdl: tuple[str, ...] = ("on", "off"), tuned: Optional[dict[str, str]] = None, *,
@@ -107,7 +119,7 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
     default). Each stock run's result stays in `results["stock_runs"]`. `tuned` maps a case to the
     tuple file the arm `tuned` runs it with, one model a file; a case it does not map has no tuned run.
     `limits` maps a case to its deployment (`case_limits`): an arm loads one model per distinct
-    deployment of its cases (`load(arm, file, limits)`).
+    deployment of its cases (`load(arm, file, limits)`; CoRun's max_batch is each case's concurrency: `deployment`).
 
     The runs go in arm order from the `first`-th (stock's first: 0), so that rounds can each start at
     another arm: whatever a process's first run of a kernel meets (a compile, a cold cache) is not always
@@ -136,19 +148,19 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
     if poisson_rate is not None:
         results["poisson_rate_per_s"] = poisson_rate
 
-    def groups(arm_cases: list[str]) -> list[tuple[list[str], dict[str, int]]]:
-        """The cases by deployment, in their order."""
-        key = {c: tuple(sorted(limits[c].items())) for c in arm_cases}
+    def groups(arm: str, arm_cases: list[str]) -> list[tuple[list[str], dict[str, int]]]:
+        """The arm's cases by deployment, in their order."""
+        key = {c: tuple(sorted(deployment(arm, c, shapes, limits).items())) for c in arm_cases}
         return [([c for c in arm_cases if key[c] == k], dict(k)) for k in dict.fromkeys(key.values())]
     runs: list[tuple[str, str, list[str], Optional[str], dict[str, int]]] = []
     for arm in arms:
         if arm == "tuned":
             files = list(dict.fromkeys((tuned or {})[c] for c in cases if c in (tuned or {})))
             runs += [(arm, "on", group, f, lim) for f in files
-                     for group, lim in groups([c for c in cases if (tuned or {}).get(c) == f])]
+                     for group, lim in groups(arm, [c for c in cases if (tuned or {}).get(c) == f])]
         else:
             runs += [(arm, pdl, group, None, lim) for pdl in (stock_pdl if arm == "stock" else ("on",))
-                     for group, lim in groups(cases)]
+                     for group, lim in groups(arm, cases)]
     runs = runs[first % len(runs):] + runs[:first % len(runs)]
     for arm, pdl, arm_cases, file, lim in runs:
         os.environ["DETENT_PDL"] = "1" if pdl == "on" else "0"  # read at each launch (and graph capture)
@@ -189,6 +201,7 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
                     continue
                 r = {"sites": b.gemm()}
             r["pdl"] = pdl
+            r["max_batch"] = model.selections.deployment.max_batch
             if file is not None:
                 r["commitment"] = str(file)
             if arm == "stock":

@@ -8,6 +8,7 @@ import random
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -29,10 +30,16 @@ class Shapes:
     poisson_requests: int = 64
     poisson_prompt: tuple[int, int] = (64, 512)
     poisson_new: tuple[int, int] = (32, 256)
+    poisson_slots: int = 64  # the online engine's sequences in flight
     grpo: tuple[int, int, int, int] = (32, 8, 200, 256)  # prompts, samples, prompt tokens, new tokens
     long: tuple[int, int, int] = (2, 12000, 64)  # batch, prompt tokens, new tokens
     repeats: int = 3
     grpo_repeats: int = 5  # the GRPO batch's runs a round: its prefill is host-bound and scatters (session 33)
+
+    def slots(self, case: str) -> Optional[int]:
+        """The case's engine's sequences in flight, its maximum concurrency (None: no engine, the gemm case)."""
+        return {"decode-1": 1, "decode-32": 32, "poisson": self.poisson_slots, "grpo": self.grpo[0] * self.grpo[1],
+                "long": self.long[0]}.get(case)
 
 
 QUICK = Shapes(decode_prompt=16, decode_new=6, poisson_requests=6, poisson_prompt=(4, 24), poisson_new=(2, 6),
@@ -104,7 +111,7 @@ class Bench:
         in every arm, the H200, session 31), then serves the trace all at once, untimed. The timed serve
         reports the Triton variants compiled inside it (`compiles`: 0 when the warm-up left nothing)."""
         longest = max(len(p) + sp.max_tokens for p, sp in trace)
-        engine = self._engine(len(trace), longest, 64)
+        engine = self._engine(len(trace), longest, self.shapes.poisson_slots)
         held = _reserved(self.device)
         warm = engine.warmup(tuple(sorted({sp.temperature if sp.temperature > 0 else 1.0 for _, sp in trace})))
         warm_mib = (_reserved(self.device) - held) / 2 ** 20  # its graphs' pools, what its compiles kept
@@ -149,7 +156,7 @@ class Bench:
     def offline(self, trace: list[tuple[list[int], SamplingParams]]) -> float:
         """Seconds to serve the whole trace submitted at once."""
         longest = max(len(p) + sp.max_tokens for p, sp in trace)
-        engine = self._engine(len(trace), longest, 64)
+        engine = self._engine(len(trace), longest, self.shapes.poisson_slots)
         return median_seconds(lambda: self._run(engine, [p for p, _ in trace], [sp for _, sp in trace]),
                             self.device, 1)
 

@@ -146,8 +146,13 @@ def render(results: dict) -> str:
                                           for case, t in tuples.items())]
     limits = results.get("limits") or {}
     if len({tuple(sorted(v.items())) for v in limits.values()}) > 1:  # each case's deployment, where they differ
-        out += ["", "limits (every arm): " + "; ".join(
+        out += ["", "limits (every arm; corun's max_batch below): " + "; ".join(
             f"{case} {', '.join(f'{k} {v:,}' for k, v in sorted(lim.items()))}" for case, lim in limits.items())]
+    padded = {case: arms["corun"]["max_batch"] for case, arms in results["cases"].items()
+              if "max_batch" in arms.get("corun", {})}
+    if padded:  # CoRun's decode rows: its deployment's maximum concurrency, each case's own (`bench.deployment`)
+        out += ["", "corun's max_batch, the rows of its padded decode: " + "; ".join(
+            f"{case} {rows:,}" for case, rows in padded.items())]
     gemm = results["cases"].get("gemm", {})
     if gemm:
         arms = [a for a in gemm if gemm[a].get("sites")]  # every arm but stock (cuBLAS is the column)

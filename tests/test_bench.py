@@ -40,6 +40,13 @@ def test_quick_bench_runs_every_arm_and_case(tmp_path, capsys):
     table = (tmp_path / "bench.md").read_text()
     assert table.count("| 1.00x |") >= len(cases)  # stock against itself
     assert f"eager, median {data['cases']['poisson']['stock']['eager_tokens_median']:,.0f} tokens" in table
+    # CoRun pads its decode to its deployment's maximum concurrency: each case's own engine's, not the GRPO batch's
+    # 256 shared by the other arms (which padded a batch-1 decode to 256 rows)
+    shared = data["limits"]["decode-1"]["max_batch"]
+    assert {c: data["cases"][c]["corun"]["max_batch"] for c in cases} == \
+        {"decode-1": 1, "decode-32": 32, "poisson": min(64, shared), "grpo": 4, "long": 2}
+    assert all(data["cases"][c][a]["max_batch"] == shared for c in cases for a in ARMS if a != "corun")
+    assert "corun's max_batch, the rows of its padded decode: decode-1 1; decode-32 32;" in table
     assert "% of roofline" in table and (tmp_path / "bench.png").stat().st_size > 0
     assert "wrote" in capsys.readouterr().out
 
