@@ -101,7 +101,7 @@ class RolloutSection:
     # (`Engine.warmup`), so that no rollout step stalls on a compile; auto: on on the GPU (the CPU compiles nothing)
     warmup: Literal["auto", "on", "off"] = "auto"
     num_engines: int = 1  # engine replicas (data parallel): each prompt's group on one, dealt round-robin
-    release_memory: bool = False  # colocated: the engines' KV cache freed during updates (graphs recaptured)
+    release_memory: bool = False  # colocated: engines free their KV cache in updates (rollout/vmm.py)
     tp_size: Optional[int] = None  # tensor-parallel ranks of each engine; null: model.tp_size
     # sglang: SGLang's engine under the plugin (rollout/sglang_worker.py)
     backend: Literal["embedded", "sglang"] = "embedded"

@@ -19,6 +19,7 @@ from detent_rl.models.loader import update_weights
 from detent_rl.models.model import CausalLM
 from detent_rl.models.runner import Span as StepSpan
 from detent_rl.models.runner import completion_logprobs, step_inputs
+from detent_rl.rollout import vmm
 from detent_rl.rollout.block_manager import BlockManager
 from detent_rl.rollout.cuda_graph import DecodeGraphs, PendingStep
 from detent_rl.rollout.scheduler import Scheduler, Span
@@ -31,7 +32,9 @@ class Engine:
     on for a CUDA model, in every arm; the stock arm's graphs fix its selection at capture, as stock
     engines do, and stay batch-dependent: `rollout/cuda_graph.py`). `step_graphs`: run every other step (prefill,
     chunks, decode rows beside a chunk) through piecewise graphs at a padded token count, attention eager between
-    the pieces (`rollout/step_graphs.py`; on the CPU the same padded pieces eagerly); off by default.
+    the pieces (`rollout/step_graphs.py`; on the CPU the same padded pieces eagerly); off by default. `releasable`:
+    the KV cache in memory whose physical pages `release_memory` gives back at kept addresses (`rollout/vmm.py`, on
+    CUDA), so that the captured graphs survive a release; off by default (elsewhere a release drops the graphs).
 
     The CoRun arm (`corun`: stock's selections and cuBLAS linears) runs CoRun's fixed shapes instead of
     pins: each prefill alone and whole (no chunks, no prefix cache; `chunk_size` and `max_num_tokens`
@@ -44,7 +47,7 @@ class Engine:
 
     def __init__(self, model: CausalLM, *, num_blocks: int, max_num_seqs: int | None = None,
                  max_num_tokens: int | None = None, chunk_size: int = 256, cuda_graphs: bool | None = None,
-                 overlap: bool = True, step_graphs: bool = False) -> None:
+                 overlap: bool = True, step_graphs: bool = False, releasable: bool = False) -> None:
         limit = model.selections.deployment.max_num_tokens
         max_num_tokens = max_num_tokens or limit
         if max_num_tokens > limit:
@@ -61,7 +64,11 @@ class Engine:
         self.scheduler = Scheduler(self.blocks, max_num_seqs, limit if self.corun else max_num_tokens, chunk_size,
                                    isolated_prefill=self.corun)
         # one page more than the block manager hands out: the scratch page of padded graph rows
-        self.caches = model.allocate_kv_cache(num_blocks + 1)
+        self.memory = None  # the cache's memory, where `release_memory` frees it at kept addresses
+        if releasable and model.device.type == "cuda" and vmm.available():
+            self.memory = vmm.ReleasableMemory(model.kv_cache_bytes(num_blocks + 1), model.device)
+        self.caches = model.allocate_kv_cache(num_blocks + 1,
+                                              memory=None if self.memory is None else self.memory.tensor)
         self.graphs = None
         if cuda_graphs or self.corun:
             # CoRun's one decode shape is the deployment's maximum concurrency, whatever this engine's slots
@@ -254,31 +261,40 @@ class Engine:
 
     def release_memory(self) -> int:
         """Free the KV cache's memory while the engine is idle (a colocated trainer's update can use it):
-        the prefix cache is flushed (its pages are gone) and the captured decode graphs are dropped (they
-        hold the cache's addresses; they are captured again as their sizes recur). The next `step`
-        reallocates the cache, zeroed. Returns the bytes freed. Bit-neutral: every page a request reads
-        is written by that request first, and graphs captured again run the same pinned kernels."""
+        the prefix cache is flushed (its pages are gone). The next `step` takes the memory back, zeroed.
+        Returns the bytes freed. A `releasable` engine on CUDA gives back the physical memory under the
+        cache's reserved addresses (`rollout/vmm.py`), so its captured graphs stay valid; otherwise the
+        cache's storage is freed and the captured graphs (decode and pieces), which hold its addresses,
+        are dropped, to be captured again as their sizes recur. Bit-neutral: every page a request reads
+        is written by that request first, and the graphs, kept or captured again, run the same kernels."""
         if not self.idle:
             raise RuntimeError("release_memory while requests are in flight; call it between generate calls")
         if self.released:
             return 0
         self.flush_cache()
-        freed = 0
-        for k, v in self.caches:
-            for t in (k, v):
-                freed += t.untyped_storage().nbytes()
-                t.untyped_storage().resize_(0)
-        for graphs in (self.graphs, self.steps):
-            if graphs is not None:
-                graphs.drop_captured()
+        if self.memory is not None:
+            freed = self.memory.release()
+        else:
+            freed = 0
+            for k, v in self.caches:
+                for t in (k, v):
+                    freed += t.untyped_storage().nbytes()
+                    t.untyped_storage().resize_(0)
+            for graphs in (self.graphs, self.steps):
+                if graphs is not None:
+                    graphs.drop_captured()
         self.released = True
         return freed
 
     def _resume_memory(self) -> None:
-        for k, v in self.caches:
-            for t in (k, v):
-                t.untyped_storage().resize_(t.numel() * t.element_size())
-                t.zero_()
+        if self.memory is not None:
+            self.memory.restore()
+            self.memory.tensor.zero_()
+        else:
+            for k, v in self.caches:
+                for t in (k, v):
+                    t.untyped_storage().resize_(t.numel() * t.element_size())
+                    t.zero_()
         self.released = False
 
     def flush_cache(self) -> None:

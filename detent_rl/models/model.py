@@ -155,16 +155,34 @@ class CausalLM(nn.Module):
     def page_size(self) -> int:
         return self.selections.deployment.page_size
 
-    def allocate_kv_cache(self, num_pages: int, page_size: Optional[int] = None) -> list[KVCache]:
+    def allocate_kv_cache(self, num_pages: int, page_size: Optional[int] = None,
+                          memory: Optional[torch.Tensor] = None) -> list[KVCache]:
         """Zeroed (k_cache, v_cache) per layer, each [num_pages, page_size, kv_heads, head_dim] (this rank's
-        KV heads under tp)."""
+        KV heads under tp). `memory`: a uint8 tensor on the model's device of at least `kv_cache_bytes(num_pages)`
+        to lay them out in (views of it, in layer order, each layer's k then v), in place of new allocations."""
         if page_size is not None and page_size != self.page_size:
             raise ValueError(f"page_size {page_size} differs from the deployment's {self.page_size}, "
                              f"which the attention selection was solved for")
         c = self.config
         shape = (num_pages, self.page_size, self.num_kv_heads, c.head_dim)
-        return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                 torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(c.num_hidden_layers)]
+        if memory is None:
+            return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                     torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(c.num_hidden_layers)]
+        need = self.kv_cache_bytes(num_pages)
+        elsewhere = memory.device.type != self.device.type or None not in (memory.device.index, self.device.index) \
+            and memory.device.index != self.device.index
+        if memory.dtype != torch.uint8 or memory.dim() != 1 or memory.numel() < need or elsewhere:
+            raise ValueError(f"the KV cache's memory must be a flat uint8 tensor of at least {need} bytes on "
+                             f"{self.device}; got {memory.dtype} {tuple(memory.shape)} on {memory.device}")
+        every = memory[:need].view(self.dtype).view(c.num_hidden_layers, 2, *shape)
+        every.zero_()
+        return [(every[i, 0], every[i, 1]) for i in range(c.num_hidden_layers)]
+
+    def kv_cache_bytes(self, num_pages: int) -> int:
+        """The bytes `allocate_kv_cache(num_pages)` holds."""
+        c = self.config
+        return 2 * c.num_hidden_layers * num_pages * self.page_size * self.num_kv_heads * c.head_dim * \
+            torch.empty(0, dtype=self.dtype).element_size()
 
 
 def _check_deployment(config: ModelConfig, d: Deployment, dtype: torch.dtype) -> None:
