@@ -30,12 +30,12 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import re
 from collections import defaultdict
 
 import torch
 
 from detent_rl.bench_cases import decode_step_seconds, phase_seconds, prefilled
+from detent_rl.kernel_times import short
 from detent_rl.kernels import autograd
 from detent_rl.kernels.attention import paged_attention
 from detent_rl.kernels.commitment import CommitmentTuple
@@ -43,13 +43,6 @@ from detent_rl.models import load_model
 from detent_rl.models.builtin import NAMES, builtin_checkpoint
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
-
-
-def short(name: str) -> str:
-    if "gemm" in name.lower() or "cutlass" in name or "sm90" in name:
-        m = re.search(r"(sm\d+_xmma_gemm|cutlass\w*?gemm|gemv\w*|splitKreduce\w*|\w*gemm\w*)", name)
-        return ("cuBLAS " + m.group(1))[:60] if m else name[:60]
-    return name.split("(")[0][:60]
 
 
 def profile_decode(engine: Engine, prompts: list[list[int]], steps: int,

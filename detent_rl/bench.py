@@ -110,7 +110,8 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
         log: Callable[[str], None] = print, arms: tuple[str, ...] = ARMS,
         stock_pdl: tuple[str, ...] = ("on", "off"), tuned: Optional[dict[str, str]] = None, *,
         limits: dict[str, dict[str, int]], first: int = 0, poisson_rate: Optional[float] = None,
-        step_graphs: tuple[bool, ...] = (False,), gated_mlp: tuple[bool, ...] = (False,)) -> dict:
+        step_graphs: tuple[bool, ...] = (False,), gated_mlp: tuple[bool, ...] = (False,), kernels: bool = False,
+        ) -> dict:
     """Every case in every arm; the results by case and arm.
 
     The stock arm runs once per `stock_pdl` setting of our kernels' programmatic dependent launch
@@ -130,7 +131,8 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
     kind of stock run (`bench_report.baseline`). `gated_mlp`: whether the runs set DETENT_GATED_MLP=1 (the pinned
     arms' SiLU-and-mul in the gate/up projection's epilogue, `kernels/matmul_gated.py`); (False, True) runs the
     pinned arms both ways too, as `<arm> + gated` (over the plain stock run: stock never takes it). The gemm case
-    runs once, plain. DETENT_PDL and DETENT_GATED_MLP are set for each run and put back as they were after."""
+    runs once, plain. DETENT_PDL and DETENT_GATED_MLP are set for each run and put back as they were after.
+    `kernels`: the Poisson case also reports each arm's time by kernel over one more serve (`Bench`)."""
     variants = [(p, g) for p in step_graphs for g in gated_mlp]
     both_p, both_g = len(step_graphs) > 1, len(gated_mlp) > 1
 
@@ -175,7 +177,7 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
             if name is None or (case == "gemm" and name != arm):
                 continue
             os.environ["DETENT_GATED_MLP"] = "1" if gated else "0"  # read at each MLP call (and graph capture)
-            b = Bench(model, shapes, pieces)
+            b = Bench(model, shapes, pieces, kernels)
             log(f"{name}, PDL {pdl}: {case}" + (f" ({file})" if file is not None else ""))
             if case == "decode-1":
                 r = b.decode(1, shapes.decode_prompt, shapes.decode_new)
@@ -295,6 +297,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--gated-mlp", default="off", choices=("on", "off", "off,on"), metavar="{on,off,'off,on'}",
                     help="the pinned arms run SiLU-and-mul in the gate/up projection's epilogue (DETENT_GATED_MLP=1, "
                          "kernels/matmul_gated.py); off,on: both ways in the same run, as '<arm> + gated'")
+    ap.add_argument("--kernels", action="store_true", help="poisson: serve the trace once more under the torch "
+                    "profiler and report each arm's device time by kernel (on the CPU: by operator)")
     ap.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
     ap.add_argument("--out", required=True, help="folder for bench.md, bench.json, bench.png")
     args = ap.parse_args(argv)
@@ -351,7 +355,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         arms=arms, stock_pdl=stock_pdl, tuned=tuned, limits=limits, first=i,
                         poisson_rate=done[0].get("poisson_rate_per_s") if done else args.poisson_rate,
                         step_graphs=pieces,
-                        gated_mlp=tuple(x == "on" for x in args.gated_mlp.split(","))))
+                        gated_mlp=tuple(x == "on" for x in args.gated_mlp.split(",")), kernels=args.kernels))
         results = merge_rounds(done)
         results.update(model=args.model, dtype=args.dtype, limits=limits, quick=args.quick, rounds_asked=args.rounds,
                        commitment={c: {"file": f, "sha256": tuples[f].sha256()} for c, f in tuned.items()} or None)

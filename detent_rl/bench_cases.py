@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from detent_rl.kernel_times import kernel_times
 from detent_rl.kernels.launch import counting_compiles
 from detent_rl.kernels.matmul import launch_params, linear, stock_linear
 from detent_rl.models.layers import Linear
@@ -81,11 +82,12 @@ def _reserved(device: torch.device) -> int:
 
 
 class Bench:
-    def __init__(self, model: CausalLM, shapes: Shapes, step_graphs: bool = False) -> None:
+    def __init__(self, model: CausalLM, shapes: Shapes, step_graphs: bool = False, kernels: bool = False) -> None:
         """`step_graphs`: every engine runs its prefill and mixed steps through piecewise graphs (the same in
-        every arm: `Engine`'s option)."""
+        every arm: `Engine`'s option). `kernels`: the Poisson case serves the trace once more, after the timed
+        serve, under the torch profiler, and reports its time by kernel (`kernel_times`)."""
         self.model, self.shapes, self.vocab = model, shapes, model.config.vocab_size
-        self.device, self.step_graphs = model.device, step_graphs
+        self.device, self.step_graphs, self.kernels = model.device, step_graphs, kernels
 
     def _engine(self, sequences: int, tokens: int, batch: int) -> Engine:
         batch = min(batch, self.model.selections.deployment.max_batch)
@@ -119,6 +121,10 @@ class Bench:
         engine.flush_cache()
         with counting_compiles() as compiled:
             out = self._serve(engine, arrivals, trace)
+        if self.kernels:  # (its steps batch a little otherwise than the timed serve's: the profiler costs host time)
+            engine.flush_cache()
+            times = kernel_times(lambda: self._serve(engine, arrivals, trace), self.device)
+            out["kernels"] = [[name, n, us / 1e3] for name, (n, us) in times.items()]  # name, launches, ms
         return {**out, "compiles": len(compiled), "compiled": sorted(set(compiled)), "warmup_s": warm["seconds"],
                 "warmup_mib": warm_mib,
                 **_pieced(engine)}

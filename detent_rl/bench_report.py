@@ -90,6 +90,23 @@ def _tokens(r: dict) -> str:
     return f", median {r['eager_tokens_median']:,.0f} tokens, max {r['eager_tokens_max']:,}"
 
 
+def _kernel_table(arms: dict, top: int = 12) -> list[str]:
+    """The Poisson serves' time by kernel (`--kernels`), the `top` costliest over the arms, and each arm's total."""
+    timed = {arm: {name: (n, ms) for name, n, ms in r["kernels"]} for arm, r in arms.items() if r.get("kernels")}
+    if not timed:
+        return []
+    names = sorted({k for t in timed.values() for k in t}, key=lambda k: -max(t.get(k, (0, 0.0))[1]
+                                                                             for t in timed.values()))
+    out = ["", "Poisson, one more serve under the profiler: ms by kernel (launches), the costliest over the arms:", "",
+           "| kernel | " + " | ".join(timed) + " |", "|---|" + "---|" * len(timed)]
+    for name in names[:top]:
+        out.append(f"| {name} | " + " | ".join(f"{t[name][1]:.1f} ({t[name][0]:,})" if name in t else "-"
+                                               for t in timed.values()) + " |")
+    out.append("| all | " + " | ".join(f"{sum(ms for _, ms in t.values()):.1f} ({sum(n for n, _ in t.values()):,})"
+                                        for t in timed.values()) + " |")
+    return out
+
+
 def render(results: dict) -> str:
     rounds = len(results.get("rounds", ())) or 1
     head = "time vs stock" if rounds == 1 else f"time vs stock, median of {rounds} rounds (each round's)"
@@ -153,6 +170,7 @@ def render(results: dict) -> str:
     if padded:  # CoRun's decode rows: its deployment's maximum concurrency, each case's own (`bench.deployment`)
         out += ["", "corun's max_batch, the rows of its padded decode: " + "; ".join(
             f"{case} {rows:,}" for case, rows in padded.items())]
+    out += _kernel_table(results["cases"].get("poisson", {}))
     gemm = results["cases"].get("gemm", {})
     if gemm:
         arms = [a for a in gemm if gemm[a].get("sites")]  # every arm but stock (cuBLAS is the column)

@@ -87,6 +87,25 @@ def test_step_graphs_off_and_on_in_one_run_pair_each_arm_with_its_own_kind_of_st
     assert "--step-graphs: invalid choice: 'on,off'" in capsys.readouterr().err
 
 
+def test_kernels_gives_each_arms_poisson_time_by_kernel(tmp_path):
+    """`--kernels`: one more Poisson serve per arm under the profiler, its time by kernel (on the CPU by operator:
+    the engine's steps, the model's ops), costliest first, and a table of the costliest over the arms."""
+    assert main(["--model", "tiny", "--device", "cpu", "--dtype", "float32", "--quick", "--cases", "poisson,grpo",
+                 "--arms", "stock,detent", "--stock-pdl", "on", "--kernels", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    for arm in ("stock", "detent"):
+        kernels = data["cases"]["poisson"][arm]["kernels"]
+        assert kernels and all(n > 0 and ms >= 0 for _, n, ms in kernels)
+        assert [ms for _, _, ms in kernels] == sorted((ms for _, _, ms in kernels), reverse=True)
+        assert "kernels" not in data["cases"]["grpo"][arm]  # the Poisson case only
+    table = (tmp_path / "bench.md").read_text()
+    assert "Poisson, one more serve under the profiler: ms by kernel" in table and "| kernel | stock | detent |" in table
+    name, n, ms = data["cases"]["poisson"]["stock"]["kernels"][0]
+    assert f"| {name} | {ms:.1f} ({n:,}) |" in table
+    total = sum(ms for _, _, ms in data["cases"]["poisson"]["detent"]["kernels"])
+    assert f" {total:.1f} (" in table.split("| all |")[1].splitlines()[0]
+
+
 def test_the_gated_mlp_off_and_on_in_one_run(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("DETENT_GATED_MLP", "x")  # the runs set it; it is put back after
     assert main(["--model", "tiny", "--device", "cpu", "--dtype", "float32", "--quick", "--cases", "decode-1,grpo",
