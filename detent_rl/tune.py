@@ -50,6 +50,12 @@ refuses it, so tune with the run's recipe (or pass the run's limits with --model
     python -m detent_rl.tune --model qwen2-0.5b --device cuda --prompts 32 --samples 8 --max-num-seqs 256 \
         --prompt-len 200 --new-tokens 256 --out t.json
 
+`--serve` tunes for online serving instead of an RL step: the bench's Poisson trace (64 requests, prompts of 64-512
+tokens, 32-256 new), arriving `--arrivals-per-step` requests a step while the engine steps (`ServingWorkload`), the
+calls an online serve makes (prefill chunks beside decode rows, decode at the batch sizes the arrivals leave):
+
+    python -m detent_rl.tune --model qwen2-1.5b --device cuda --serve --max-context 784 --out serve.json
+
 `--families matmul` searches one family (the others keep the tuple's values: the model's own, or with
 `--commitment FILE` a tuple tuned before, e.g. to re-tune one family after its kernel changed). A workload
 the deployment cannot run (`Workload.check`) is refused before anything runs.
@@ -80,13 +86,13 @@ from detent_rl.rollout.engine import Engine
 from detent_rl.timing import cold_copies, kernel_timer
 from detent_rl.tune_report import SiteReport, TuneReport
 from detent_rl.tune_search import budget_for, candidates, confirm, search
-from detent_rl.workload import Workload
+from detent_rl.workload import ServingWorkload, Workload, recipe_workload  # noqa: F401 (re-exports)
 
 MAX_CALLS = 12  # distinct calls replayed per candidate; more are thinned to this many, weights kept
 TUNED = ("matmul", "rmsnorm", "log_softmax", "attention")
 
 
-def profile(engine: Engine, workload: Workload) -> tuple[float, dict[str, Counter]]:
+def profile(engine: Engine, workload: Workload | ServingWorkload) -> tuple[float, dict[str, Counter]]:
     """(seconds, per site key the Counter of its selector calls' arguments) of one workload run."""
     with engine.model.selections.recording() as calls:
         seconds = workload.run(engine)
@@ -170,8 +176,9 @@ def _thinned(calls: Counter) -> list[tuple[tuple, float]]:
     return [(items[(lo + hi) // 2][0], float(sum(n for _, n in items[lo:hi]))) for lo, hi in zip(edges, edges[1:])]
 
 
-def tune(model: CausalLM, workload: Workload, *, build: Optional[Callable[[CommitmentTuple], CausalLM]] = None,
-         repeats: int = 5, families: tuple[str, ...] = TUNED, exhaustive: int = 0,
+def tune(model: CausalLM, workload: Workload | ServingWorkload, *,
+         build: Optional[Callable[[CommitmentTuple], CausalLM]] = None, repeats: int = 5,
+         families: tuple[str, ...] = TUNED, exhaustive: int = 0,
          log: Callable[[str], None] = print) -> tuple[CommitmentTuple, TuneReport]:
     """A new commitment tuple for `workload`: the model's resolved tuple with every measured site's
     assignment tuned (the sites of `families`; the others keep the tuple's values). `build(tuple)`
@@ -262,40 +269,6 @@ def tune(model: CausalLM, workload: Workload, *, build: Optional[Callable[[Commi
     return out, report
 
 
-def recipe_workload(recipe_path: str, overrides: list[str]) -> tuple[CausalLM, Workload, Callable]:
-    """The recipe's model (as its workers build it), one of its steps as a workload, and a builder of
-    the same model with another tuple."""
-    from detent_rl.config import RecipeError, load_recipe
-    from detent_rl.setup import prepare
-    recipe = load_recipe(recipe_path, overrides)
-    if recipe.run.arm != "detent":
-        raise RecipeError(f"{recipe.source}: run.arm: {recipe.run.arm}: the tuner commits the detent arm's pins (a "
-                          f"tuple the {recipe.run.arm} arm would not take)")
-    for key, degree in (("model.tp_size", recipe.model.tp_size), ("rollout.tp_size", recipe.rollout.tp_size or 1)):
-        if degree > 1:  # its ranks' sites are cut shapes, in processes the tuner does not start
-            raise RecipeError(f"{recipe.source}: {key}: {degree}: the tuner profiles one process, not a "
-                              f"tensor-parallel group (only a run whose model is on one rank can be tuned)")
-    setup = prepare(recipe)
-    ro, tr = recipe.rollout, recipe.train
-    prompt = round(statistics.mean(len(p) for p in setup.prompts.values()))
-    # with engine replicas (data parallel) each engine runs its share of the step's groups, dealt in turn: the
-    # first engine's (the most) is the shapes one engine sees
-    workload = Workload(prompts=-(-ro.prompts_per_step // ro.num_engines), prompt_len=prompt,
-                        new_tokens=ro.max_new_tokens, micro_batch=tr.micro_batch_size, max_num_seqs=ro.max_num_seqs,
-                        samples=ro.samples_per_prompt,
-                        step_graphs=ro.pieces(setup.spec.device), forward_tokens=tr.max_tokens_per_micro_batch,
-                        chunk_size=ro.chunk_size, cuda_graphs=ro.graphs(), temperature=ro.temperature, top_k=ro.top_k,
-                        top_p=ro.top_p)
-    spec = setup.spec
-
-    def build(t: CommitmentTuple) -> CausalLM:
-        from detent_rl.models import load_model
-        from detent_rl.model_spec import DTYPES
-        return load_model(spec.path, spec.arm, device=spec.device, dtype=DTYPES[spec.dtype], commitment=t,
-                          max_context=spec.max_context, max_batch=spec.max_batch, max_num_tokens=spec.max_num_tokens)
-    return spec.load(), workload, build
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m detent_rl.tune", description=__doc__.split("\n\n")[0])
     ap.add_argument("--recipe", help="derive the model, limits and workload from a recipe")
@@ -303,14 +276,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--model", help="a checkpoint directory or built-in name (without --recipe)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    ap.add_argument("--prompts", type=int, default=8, help="workload: distinct prompts (without --recipe)")
-    ap.add_argument("--samples", type=int, default=1, help="workload: requests per prompt, a GRPO group "
-                                                           "(without --recipe)")
-    ap.add_argument("--prompt-len", type=int, default=64, help="workload: prompt tokens per request")
-    ap.add_argument("--new-tokens", type=int, default=32, help="workload: tokens each request decodes")
-    ap.add_argument("--micro-batch", type=int, default=8,
+    step_shape = {"prompts": 8, "samples": 1, "prompt_len": 64, "new_tokens": 32, "micro_batch": 8}
+    ap.add_argument("--prompts", type=int, help="workload: distinct prompts (without --recipe; default 8)")
+    ap.add_argument("--samples", type=int, help="workload: requests per prompt, a GRPO group (without --recipe; "
+                                                "default 1)")
+    ap.add_argument("--prompt-len", type=int, help="workload: prompt tokens per request (default 64)")
+    ap.add_argument("--new-tokens", type=int, help="workload: tokens each request decodes (default 32)")
+    ap.add_argument("--micro-batch", type=int,
                     help="workload: sequences per trainer forward (at most: the step's tokens cut it too, as the "
-                         "trainer's)")
+                         "trainer's; default 8)")
+    ap.add_argument("--serve", action="store_true",
+                    help="workload: online serving, the bench's Poisson trace arriving while the engine steps "
+                         "(ServingWorkload; without --recipe and the RL step's shape arguments)")
+    ap.add_argument("--arrivals-per-step", type=float, default=0.1,
+                    help="--serve: requests arriving per engine step, on average (the bench's Poisson case: ~0.1)")
+    ap.add_argument("--requests", type=int, default=64, help="--serve: the trace's first N requests (the bench's: 64)")
     ap.add_argument("--max-num-seqs", type=int, default=64,
                     help="workload: the engine's slots, requests decoding at once, as a run's rollout.max_num_seqs "
                          "(without --recipe)")
@@ -343,6 +323,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not families or [f for f in families if f not in TUNED]:
         ap.error(f"--families {args.families!r}: give some of {', '.join(TUNED)}")
     given = {name: getattr(args, name) for name in limits if getattr(args, name) is not None}
+    shaped = [f"--{k.replace('_', '-')}" for k in step_shape if getattr(args, k) is not None]
+    if args.serve and (args.recipe or shaped):
+        ap.error(f"--serve tunes for the bench's Poisson trace; {', '.join(['--recipe'] * bool(args.recipe) + shaped)}"
+                 " cannot be given with it")
+    for k, v in step_shape.items():
+        setattr(args, k, v if getattr(args, k) is None else getattr(args, k))
     if args.recipe:
         if given:
             ap.error(f"--recipe sets the deployment limits; {', '.join(given)} cannot be given with it")
@@ -368,10 +354,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             model = load_model(path, "detent", commitment=start, **kw)
         except CommitmentError as e:
             ap.error(f"--commitment: {e}")
+        pieces = args.device.startswith("cuda") if args.step_graphs == "auto" else args.step_graphs == "on"
         try:
-            workload = Workload(args.prompts, args.prompt_len, args.new_tokens, args.micro_batch, args.max_num_seqs,
-                                args.samples, (args.device.startswith("cuda") if args.step_graphs == "auto" else
-                                               args.step_graphs == "on"), chunk_size=args.chunk_size)
+            workload = ServingWorkload(args.requests, arrivals_per_step=args.arrivals_per_step,
+                                       max_num_seqs=args.max_num_seqs,
+                                       step_graphs=pieces, chunk_size=args.chunk_size) if args.serve else \
+                Workload(args.prompts, args.prompt_len, args.new_tokens, args.micro_batch, args.max_num_seqs,
+                         args.samples, pieces, chunk_size=args.chunk_size)
         except ValueError as e:
             ap.error(str(e))
         build = lambda t: load_model(path, "detent", commitment=t, **kw)  # noqa: E731

@@ -1,13 +1,18 @@
-"""One RL step's shapes as a workload (`Workload`): what `python -m detent_rl.tune` profiles and tunes
-for, runnable on an engine (generate, then the trainer's rescoring forward)."""
+"""What `python -m detent_rl.tune` profiles and tunes for, runnable on an engine: one RL step's shapes (`Workload`:
+generate, then the trainer's rescoring forward; `recipe_workload`: a recipe's), or online serving (`ServingWorkload`:
+the bench's Poisson trace, requests arriving while the engine steps)."""
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
+from detent_rl.bench_cases import Shapes, poisson_arrivals, trace_of
+from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.kernels.selections import Deployment
 from detent_rl.models.model import CausalLM
 from detent_rl.models.runner import completion_logprobs
@@ -114,3 +119,113 @@ class Workload:
                 completion_logprobs(model, [(s.tokens, s.num_prompt) for s in part], [self.temperature] * len(part))
         sync(model.device)
         return t1 - t0, time.perf_counter() - t1
+
+
+
+@dataclass(frozen=True)
+class ServingWorkload:
+    """Online serving's shapes: the bench's Poisson trace (`bench_cases.trace_of`: `requests` requests of
+    `prompt_range` prompt and `new_range` new tokens, sampled at `temperature`), each added to the engine at its
+    arrival, a Poisson process of `arrivals_per_step` requests per engine step (seeded, so every run makes the same
+    steps: the profile does not depend on the machine's speed, as arrivals in seconds would), at most
+    `max_num_seqs` in flight. The engine's steps then mix prefill chunks with decode rows and decode at the batch
+    sizes the arrivals leave, the calls an online serve makes, which an offline batch does not (all its prompts at
+    once, then decode at a shrinking batch). The bench's Poisson case: ~0.1 requests a step (82 requests/s at its
+    ~1.2 ms steps, 0.5B, session 38). `step_graphs`, `chunk_size`, `cuda_graphs`: as `Workload`'s. Nothing is
+    rescored (`run_phases`' second phase is 0)."""
+    requests: int = 64
+    prompt_range: tuple[int, int] = (64, 512)
+    new_range: tuple[int, int] = (32, 256)
+    arrivals_per_step: float = 0.1
+    max_num_seqs: int = 64
+    step_graphs: bool = False
+    chunk_size: int = 256
+    cuda_graphs: Optional[bool] = None
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("requests", "max_num_seqs", "chunk_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"serving workload {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("prompt_range", "new_range"):
+            lo, hi = getattr(self, name)
+            if not 1 <= lo <= hi:
+                raise ValueError(f"serving workload {name} must be (lo, hi) with 1 <= lo <= hi, got {(lo, hi)}")
+        if not self.arrivals_per_step > 0:
+            raise ValueError(f"serving workload arrivals_per_step must be > 0, got {self.arrivals_per_step}")
+
+    def trace(self, vocab: int) -> list[tuple[list[int], SamplingParams]]:
+        shapes = Shapes(poisson_requests=self.requests, poisson_prompt=self.prompt_range, poisson_new=self.new_range)
+        return [(p, SamplingParams(seed=sp.seed, temperature=self.temperature, max_tokens=sp.max_tokens))
+                for p, sp in trace_of(shapes, vocab)]
+
+    def arrival_steps(self) -> list[int]:
+        """Each request's arrival, in engine steps from the first (in order)."""
+        return [math.floor(t) for t in poisson_arrivals(self.requests, self.arrivals_per_step)]
+
+    def check(self, d: Deployment) -> None:
+        longest = self.prompt_range[1] + self.new_range[1]
+        if longest > d.max_context:
+            raise ValueError(f"serving workload: {self.prompt_range[1]} + {self.new_range[1]} tokens exceed the "
+                             f"deployment's context of {d.max_context}")
+
+    def engine(self, model: CausalLM) -> Engine:
+        d = model.selections.deployment
+        self.check(d)
+        return Engine.for_requests(model, self.requests, self.prompt_range[1] + self.new_range[1],
+                                   min(d.max_batch, self.max_num_seqs), step_graphs=self.step_graphs,
+                                   chunk_size=self.chunk_size, cuda_graphs=self.cuda_graphs)
+
+    def run(self, engine: Engine) -> float:
+        return sum(self.run_phases(engine))
+
+    def run_phases(self, engine: Engine) -> tuple[float, float]:
+        """(seconds to serve the trace, 0.0); the prefix cache is flushed first."""
+        trace, due = self.trace(engine.model.config.vocab_size), self.arrival_steps()
+        engine.flush_cache()
+        sync(engine.model.device)
+        t0, step, at = time.perf_counter(), 0, 0
+        while at < len(trace) or not engine.idle:
+            if engine.idle:
+                step = max(step, due[at])  # nothing in flight: the next request's arrival
+            while at < len(trace) and due[at] <= step:
+                engine.add(*trace[at])
+                at += 1
+            engine.step()
+            step += 1
+        sync(engine.model.device)
+        return time.perf_counter() - t0, 0.0
+
+
+def recipe_workload(recipe_path: str, overrides: list[str]) -> tuple[CausalLM, Workload, Callable]:
+    """The recipe's model (as its workers build it), one of its steps as a workload, and a builder of
+    the same model with another tuple."""
+    from detent_rl.config import RecipeError, load_recipe
+    from detent_rl.setup import prepare
+    recipe = load_recipe(recipe_path, overrides)
+    if recipe.run.arm != "detent":
+        raise RecipeError(f"{recipe.source}: run.arm: {recipe.run.arm}: the tuner commits the detent arm's pins (a "
+                          f"tuple the {recipe.run.arm} arm would not take)")
+    for key, degree in (("model.tp_size", recipe.model.tp_size), ("rollout.tp_size", recipe.rollout.tp_size or 1)):
+        if degree > 1:  # its ranks' sites are cut shapes, in processes the tuner does not start
+            raise RecipeError(f"{recipe.source}: {key}: {degree}: the tuner profiles one process, not a "
+                              f"tensor-parallel group (only a run whose model is on one rank can be tuned)")
+    setup = prepare(recipe)
+    ro, tr = recipe.rollout, recipe.train
+    prompt = round(statistics.mean(len(p) for p in setup.prompts.values()))
+    # with engine replicas (data parallel) each engine runs its share of the step's groups, dealt in turn: the
+    # first engine's (the most) is the shapes one engine sees
+    workload = Workload(prompts=-(-ro.prompts_per_step // ro.num_engines), prompt_len=prompt,
+                        new_tokens=ro.max_new_tokens, micro_batch=tr.micro_batch_size, max_num_seqs=ro.max_num_seqs,
+                        samples=ro.samples_per_prompt,
+                        step_graphs=ro.pieces(setup.spec.device), forward_tokens=tr.max_tokens_per_micro_batch,
+                        chunk_size=ro.chunk_size, cuda_graphs=ro.graphs(), temperature=ro.temperature, top_k=ro.top_k,
+                        top_p=ro.top_p)
+    spec = setup.spec
+
+    def build(t: CommitmentTuple) -> CausalLM:
+        from detent_rl.models import load_model
+        from detent_rl.model_spec import DTYPES
+        return load_model(spec.path, spec.arm, device=spec.device, dtype=DTYPES[spec.dtype], commitment=t,
+                          max_context=spec.max_context, max_batch=spec.max_batch, max_num_tokens=spec.max_num_tokens)
+    return spec.load(), workload, build
