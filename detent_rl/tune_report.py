@@ -115,7 +115,8 @@ class TuneReport:
             phases = ""
             if self.default_phases is not None and self.measured_phases is not None:
                 (g0, r0), (g1, r1) = self.default_phases, self.measured_phases
-                phases = f" (generate {g0:.3f} -> {g1:.3f} s, rescore {r0:.3f} -> {r1:.3f} s)"
+                phases = f" (generate {g0:.3f} -> {g1:.3f} s" + (  # (a serve rescores nothing)
+                    f", rescore {r0:.3f} -> {r1:.3f} s)" if r0 or r1 else ")")
             lines.append(f"workload, model's tuple -> tuned, medians of {self.rounds} alternating rounds: "
                          f"{self.default_s:.3f} -> {self.measured_s:.3f} s{phases}; saving measured "
                          f"{self.measured_saving_s:.3f} s, predicted {self.predicted_saving_s:.3f} s "

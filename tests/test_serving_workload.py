@@ -73,3 +73,14 @@ def test_cli_serve_writes_a_tuple_and_refuses_the_step_shape(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--model", str(path), "--serve", "--arrivals-per-step", "0", "--out", str(out)])
     assert "arrivals_per_step must be > 0, got 0.0" in capsys.readouterr().err
+
+
+def test_a_serves_check_reports_no_rescoring_phase():
+    """A serve rescores nothing: the check's line gives its serve's phase alone (an RL step's gives both)."""
+    from detent_rl.tune_report import TuneReport
+    serve = TuneReport(default_s=2.0, measured_s=1.5, rounds=3, default_phases=(2.0, 0.0),
+                       measured_phases=(1.5, 0.0), round_savings=[0.5, 0.4, 0.6]).render()
+    assert "2.000 -> 1.500 s (generate 2.000 -> 1.500 s); saving measured" in serve and "rescore" not in serve
+    step = TuneReport(default_s=2.0, measured_s=1.5, rounds=3, default_phases=(1.5, 0.5),
+                      measured_phases=(1.2, 0.3), round_savings=[0.5, 0.4, 0.6]).render()
+    assert "(generate 1.500 -> 1.200 s, rescore 0.500 -> 0.300 s)" in step
