@@ -85,23 +85,27 @@ def _check(rc: int, call: str) -> None:
         raise RuntimeError(f"{call} failed: CUDA driver error {rc} ({(name.value or b'?').decode()})")
 
 
-class _ArrayInterface:
-    """The range as `__cuda_array_interface__` bytes, for `torch.as_tensor` (which keeps this object, and so the
-    memory's owner, alive as long as a tensor views it)."""
+class _Range:
+    """A reserved virtual range and the physical allocation mapped into it, if any (`handle[0]`): unmapped,
+    released and unreserved when the last tensor over it and its `ReleasableMemory` are gone (no reference cycle
+    holds it, so that happens when the engine goes)."""
 
-    def __init__(self, owner: "ReleasableMemory") -> None:
-        self.owner = owner
-        self.__cuda_array_interface__ = {"shape": (owner.nbytes,), "typestr": "|u1", "data": (owner.ptr, False),
-                                         "version": 3, "strides": None}
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.ptr, self.nbytes, self.handle = ptr, nbytes, [None]
+        weakref.finalize(self, _free, ptr, nbytes, self.handle)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:  # the range as bytes, for `torch.as_tensor` (which keeps this alive)
+        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False), "version": 3, "strides": None}
 
 
-def _free(ptr: int, size: int, handle: list) -> None:
-    """Unmap, release and unreserve (the finalizer: every tensor over the range is gone by then)."""
+def _free(ptr: int, nbytes: int, handle: list) -> None:
+    """The finalizer: unmap, release and unreserve."""
     lib = _driver()
     if handle[0] is not None:
-        lib.cuMemUnmap(ptr, size)
+        lib.cuMemUnmap(ptr, nbytes)
         lib.cuMemRelease(handle[0])
-    lib.cuMemAddressFree(ptr, size)
+    lib.cuMemAddressFree(ptr, nbytes)
 
 
 class ReleasableMemory:
@@ -128,10 +132,10 @@ class ReleasableMemory:
         ptr = _U64()
         _check(lib.cuMemAddressReserve(ctypes.byref(ptr), self.nbytes, grain.value, 0, 0), "cuMemAddressReserve")
         self.ptr = ptr.value
-        self._handle: list = [None]  # the mapped physical allocation, shared with the finalizer
-        weakref.finalize(self, _free, self.ptr, self.nbytes, self._handle)
+        self._range = _Range(self.ptr, self.nbytes)
+        self._handle = self._range.handle  # the mapped physical allocation, shared with the finalizer
         self.restore()
-        self.tensor = torch.as_tensor(_ArrayInterface(self), device=self.device)
+        self.tensor = torch.as_tensor(self._range, device=self.device)
 
     @property
     def mapped(self) -> bool:

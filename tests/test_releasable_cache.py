@@ -3,6 +3,9 @@ gives back at kept addresses (`rollout/vmm.py`, CUDA), its captured graphs survi
 without it (the CPU, or `releasable` off) a release frees the storage and drops the graphs."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -70,6 +73,10 @@ def test_gpu_released_cache_keeps_its_graphs_and_bits(tmp_path, dtype):
     assert not any(s.num_cached for s in after), "the prefix cache outlived the pages it pointed to"
     assert [(s.completion, s.logprobs) for s in after] == [(s.completion, s.logprobs) for s in first]
     assert _graph_ids(engine) == captured, "a graph was captured again: the release moved the cache"
+    range_ = weakref.ref(engine.memory._range)  # the reserved range goes with its engine (unmapped, unreserved)
+    del engine
+    gc.collect()
+    assert range_() is None, "the cache's address range outlived its engine"
     # control: a plain engine's release drops its graphs (they hold the freed cache's addresses)
     plain = Engine(model, num_blocks=64, chunk_size=16, cuda_graphs=True, step_graphs=True)
     plain.generate(prompts, params)
