@@ -32,7 +32,8 @@ def test_quick_bench_runs_every_arm_and_case(tmp_path, capsys):
         assert p["warmup_mib"] == 0  # the device memory the warm-up kept: none on the CPU (the GPU reports its pools)
         assert 0 < p["eager_steps"] <= p["steps"] and p["eager_ms"] > 0 and p["graph_ms"] >= 0
         # the eager steps' sizes: every prompt is prefilled in them, so the largest holds at least one whole chunk
-        assert 1 <= p["eager_tokens_median"] <= p["eager_tokens_max"] <= data["limits"]["poisson"]["max_num_tokens"]
+        assert p["eager_tokens_median"] >= 1
+        assert p["eager_tokens_median"] <= p["eager_tokens_max"] <= data["limits"]["poisson"]["max_num_tokens"]
         assert data["cases"]["grpo"][arm]["tok_per_s"] > 0
     # on the CPU the stock arm has no decode graphs (every step eager); CoRun's padded decode step runs as one
     assert data["cases"]["poisson"]["stock"]["eager_steps"] == data["cases"]["poisson"]["stock"]["steps"]
