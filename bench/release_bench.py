@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from detent_rl.bench_cases import _prompts
 from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.models import load_model
 from detent_rl.models.builtin import builtin_checkpoint
@@ -62,8 +63,7 @@ def main() -> None:
     model = load_model(builtin_checkpoint(args.model), "detent", device=device, dtype=dtype,
                        commitment=CommitmentTuple.load(args.commitment) if args.commitment else None,
                        max_context=args.max_context, max_batch=max(batch, 256), max_num_tokens=8192)
-    g = torch.Generator().manual_seed(0)
-    group = torch.randint(0, model.config.vocab_size, (args.prompts, args.prompt_len), generator=g).tolist()
+    group = _prompts(args.prompts, args.prompt_len, model.config.vocab_size, seed=0)
     prompts = [p for p in group for _ in range(args.samples)]
     params = [SamplingParams(seed=i, temperature=1.0, max_tokens=args.new_tokens) for i in range(batch)]
     pieces = device == "cuda"
@@ -75,16 +75,15 @@ def main() -> None:
         for _ in range(args.rounds):
             t, first = _timed(engine, prompts, params)
             before.append(t)
-            held = _captured(engine)
             t0 = time.perf_counter()
             freed = engine.release_memory()
             if device == "cuda":
                 torch.cuda.empty_cache()  # what the colocated worker does (`RolloutWorker.release_memory`)
             release.append(time.perf_counter() - t0)
-            dropped = held - _captured(engine)
+            kept = _captured(engine)  # what the release left captured
             t, again = _timed(engine, prompts, params)
             after.append(t)
-            recaptured.append(_captured(engine) - (held - dropped))
+            recaptured.append(_captured(engine) - kept)
             same = same and again == first
         med = statistics.median
         print(f"{args.model} {batch} x {args.new_tokens}, releasable={releasable} "
