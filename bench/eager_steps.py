@@ -3,7 +3,7 @@ and mixed steps are not graph replays: their host time is the step's).
 
     PYTHONPATH=$(bash bench/link_package.sh .) python -P bench/eager_steps.py [--model qwen2-0.5b]
         [--commitment bench/tuned/h200_qwen2-0.5b_grpo32x8.json] [--rounds 5] [--steps 10]
-        [--linear-from OLD_MATMUL.py] [--step-graphs]
+        [--linear-from OLD_MATMUL.py] [--step-graphs] [--pieces-only] [--shapes mixed,serve] [--kernels 8]
 
 Each arm's engine is warmed up (`Engine.warmup`: nothing compiles in a timed step), then four steps are
 timed, each `--steps` times synced: a mixed step (47 decode rows beside a 256-token prefill chunk), a 4 x 256
@@ -11,7 +11,11 @@ prefill, 48 rows of one or two tokens run eagerly, and the GRPO batch's prefill 
 and 224 samples of them whose 192 cached tokens leave 8 each: 8,192 tokens). Prints each arm's median ms a step,
 its ratio to stock and the rounds' range. `--step-graphs` adds each arm's engine with piecewise step graphs
 (`rollout/step_graphs.py`, captured in its warm-up) beside the plain one: `stock + pieces`, `tuned + pieces`.
-`--linear-from FILE` adds the arm `tuned (FILE)`: the same engine with `linear` taken from another version of
+`--pieces-only` times only the engines with pieces. `--shapes` picks shapes by their first word (`mixed`, `serve`:
+40 decode rows beside two 288-token chunks, as the Poisson case's eager steps, `prefill`, `eager`, `grpo`).
+`--kernels N` then profiles each arm's steps of each shape once more (torch profiler) and prints its device time a
+step, the kernels' sum, and its N costliest kernels (`detent_rl/kernel_times.py`): what of a step's wall is the
+GPU's and which kernels differ between the arms. `--linear-from FILE` adds the arm `tuned (FILE)`: the same engine with `linear` taken from another version of
 kernels/matmul.py (`git show 4d595e0:kernels/matmul.py > old.py`: before session 33's routes), an A/B of the
 linear's host path in one process. On the CPU it runs too (slowly: use
 `--model tiny --commitment ''`: the default tuple, arm `detent`), without warm-up or warpgroup kernels."""
@@ -26,6 +30,7 @@ import time
 import torch
 
 from detent_rl.kernels import autograd
+from detent_rl.kernel_times import kernel_times
 from detent_rl.kernels.commitment import CommitmentTuple
 from detent_rl.models import load_model
 from detent_rl.models.builtin import builtin_checkpoint
@@ -34,7 +39,8 @@ from detent_rl.rollout.warmup import synthetic_spans
 from detent_rl.timing import sync
 
 # (cached, new) tokens of each sequence
-SHAPES = {"mixed 47 x 1 + 256": [(300, 1)] * 47 + [(0, 256)], "prefill 4 x 256": [(0, 256)] * 4,
+SHAPES = {"mixed 47 x 1 + 256": [(300, 1)] * 47 + [(0, 256)],
+          "serve 40 x 1 + 2 x 288": [(400, 1)] * 40 + [(0, 288)] * 2, "prefill 4 x 256": [(0, 256)] * 4,
           "eager 48 rows": [(300, 1)] * 47 + [(0, 2)],
           "grpo prefill 32 x 200 + 224 x 8": [(0, 200)] * 32 + [(192, 8)] * 224}
 
@@ -47,7 +53,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--linear-from", default=None)
     ap.add_argument("--step-graphs", action="store_true")
+    ap.add_argument("--pieces-only", action="store_true", help="only the engines with pieces (implies --step-graphs)")
+    ap.add_argument("--shapes", default="", help="comma-separated first words of the shapes to run (default: all)")
+    ap.add_argument("--kernels", type=int, default=0, help="profile each arm's steps: device time, top N kernels")
     args = ap.parse_args()
+    args.step_graphs = args.step_graphs or args.pieces_only
+    wanted = [w for w in args.shapes.split(",") if w]
+    unknown = sorted(set(wanted) - {name.split()[0] for name in SHAPES})
+    if unknown:
+        ap.error(f"--shapes: unknown {unknown} (the shapes' first words: {sorted({n.split()[0] for n in SHAPES})})")
+    shapes = {name: shape for name, shape in SHAPES.items() if not wanted or name.split()[0] in wanted}
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     path = builtin_checkpoint(args.model)
@@ -57,30 +72,33 @@ def main() -> None:
                                               else None)):
         model = load_model(path, "stock" if arm == "stock" else "detent", device=device, dtype=dtype,
                            commitment=commitment, max_context=784, max_batch=256, max_num_tokens=8192)
-        engines[arm] = Engine.for_requests(model, 256, 784, 256)
+        if not args.pieces_only:
+            engines[arm] = Engine.for_requests(model, 256, 784, 256)
         if args.step_graphs:
             engines[f"{arm} + pieces"] = Engine.for_requests(model, 256, 784, 256, step_graphs=True)
     for engine in engines.values():
         if device == "cuda":
             engine.warmup()
     ours = autograd.linear  # what the layers' no-grad linears call
-    arms = [("stock", "stock", None), (pinned, pinned, ours)]
+    arms = [] if args.pieces_only else [("stock", "stock", None), (pinned, pinned, ours)]
     if args.step_graphs:
         arms += [(f"{a} + pieces", f"{a} + pieces", None if a == "stock" else ours) for a in ("stock", pinned)]
     if args.linear_from:
+        if args.pieces_only:
+            ap.error("--linear-from times the plain engine: not with --pieces-only")
         spec = importlib.util.spec_from_file_location("linear_from", args.linear_from)
         other = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(other)
         arms.insert(1, (f"{pinned} ({args.linear_from})", pinned, other.linear))
-    times: dict = {(label, s): [] for label, _, _ in arms for s in SHAPES}
+    times: dict = {(label, s): [] for label, _, _ in arms for s in shapes}
+    profiles: dict = {}
     try:
         for _ in range(args.rounds):
             for label, arm, linear in arms:
                 if linear is not None:
                     autograd.linear = linear
-                for name, shape in SHAPES.items():
-                    pages = -(-max(c + n for c, n in shape) // engines[arm].model.page_size)
-                    spans = synthetic_spans(engines[arm], [n for _, n in shape], [c for c, _ in shape], pages)
+                for name, shape in shapes.items():
+                    spans = _spans(engines[arm], shape)
                     for _ in range(2):
                         engines[arm]._step(spans)
                     sync(torch.device(device))
@@ -90,13 +108,31 @@ def main() -> None:
                         engines[arm]._step(spans)
                     sync(torch.device(device))
                     times[(label, name)].append((time.perf_counter() - t0) / args.steps * 1e3)
+        for label, arm, linear in arms if args.kernels else ():
+            if linear is not None:
+                autograd.linear = linear
+            for name, shape in shapes.items():
+                spans = _spans(engines[arm], shape)
+                profiles[(label, name)] = kernel_times(lambda: [engines[arm]._step(spans) for _ in range(args.steps)],
+                                                       torch.device(device))
     finally:
         autograd.linear = ours
-    for name in SHAPES:
-        base = statistics.median(times[("stock", name)])
+    base_label = arms[0][0]
+    for name in shapes:
+        base = statistics.median(times[(base_label, name)])
         cells = [f"{label} {statistics.median(ts):.2f} ms ({statistics.median(ts) / base:.2f}x; "
                  f"{min(ts):.2f}-{max(ts):.2f})" for label, _, _ in arms for ts in [times[(label, name)]]]
         print(f"{args.model} {name}: " + ", ".join(cells), flush=True)
+    for (label, name), per in profiles.items():
+        total = sum(us for _, us in per.values()) / args.steps
+        top = ", ".join(f"{k} {us / args.steps:.0f} µs ({n / args.steps:g} launches)" for k, (n, us) in
+                        list(per.items())[:args.kernels])
+        print(f"{args.model} {name}, {label}: kernels' sum {total / 1e3:.2f} ms a step; {top}", flush=True)
+
+
+def _spans(engine: Engine, shape: list[tuple[int, int]]):
+    pages = -(-max(c + n for c, n in shape) // engine.model.page_size)
+    return synthetic_spans(engine, [n for _, n in shape], [c for c, _ in shape], pages)
 
 
 if __name__ == "__main__":
