@@ -13,7 +13,8 @@ is an arm's time over stock's in this run. Cases:
 - `poisson`: a seeded trace of requests (prompts 64-512 tokens, outputs 32-256, T = 1) arriving as a
   Poisson process at `--load` x stock's offline rate (the trace run all at once, as the paper sets its
   loads); a request's latency per output token = (finish - arrival) / its output tokens: p50/p90/p99. The
-  engine warms up first (`Engine.warmup`), and the Triton variants compiled inside the timed serve are reported.
+  engine warms up first (`Engine.warmup`), then serves the trace `--serves` times (5); the result is the serve with
+  the median p50, and the Triton variants compiled inside the timed serves are reported.
 - `grpo`: the GRPO-shaped batch, 32 prompts x 8 samples, 200-token prompts, 256 new tokens, T = 1:
   output tokens per second; and its phases: the time until every sequence has its first token (the
   prefill), then ms per decode step.
@@ -63,6 +64,7 @@ The cases themselves are `detent_rl/bench_cases.py`'s. Writes `bench.md` (the ta
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -283,6 +285,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--poisson-rate", type=float,
                     help="poisson: this arrival rate (requests/s) instead of --load x stock's offline rate (which a "
                          "stock serve's stall would lower for every arm): runs at one rate compare across runs")
+    ap.add_argument("--serves", type=int, help="poisson: serves of the trace a round, after one warm-up; an arm's "
+                    "result is its median-p50 serve (default 5; --quick 1)")
     ap.add_argument("--max-num-tokens", default="8192",
                     help="every arm's deployment limit on tokens per forward (a tuned tuple names its own: match it): "
                          "N, or N,CASE=N,... for a case with its own (e.g. 8192,long=16384)")
@@ -326,6 +330,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not stock_pdl or [p for p in stock_pdl if p not in ("on", "off")]:
         ap.error(f"--stock-pdl {args.stock_pdl!r}: give on, off, on,off or auto")
     shapes = QUICK if args.quick else Shapes()
+    if args.serves is not None:
+        if args.serves < 1:
+            ap.error(f"--serves {args.serves}: give 1 or more")
+        shapes = dataclasses.replace(shapes, poisson_serves=args.serves)
     from detent_rl.models import load_model
     try:
         path = model_on_device(args.model, args.device)

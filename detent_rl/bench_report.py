@@ -90,6 +90,14 @@ def _tokens(r: dict) -> str:
     return f", median {r['eager_tokens_median']:,.0f} tokens, max {r['eager_tokens_max']:,}"
 
 
+def _serves(r: dict) -> str:
+    """The serves a Poisson result is the median of (`Bench.poisson`), with their p50s' range."""
+    each = r.get("serves_p50_ms") or []
+    if len(each) < 2:
+        return ""
+    return f" (median p50 of {len(each)} serves: {min(each):.2f}-{max(each):.2f})"
+
+
 def _kernel_table(arms: dict, top: int = 12) -> list[str]:
     """The Poisson serves' time by kernel (`--kernels`), the `top` costliest over the arms, and each arm's total."""
     timed = {arm: {name: (n, ms) for name, n, ms in r["kernels"]} for arm, r in arms.items() if r.get("kernels")}
@@ -134,6 +142,7 @@ def render(results: dict) -> str:
                     if "prefill_s" in r else "")
             elif case == "poisson":
                 text = f"p50 {r['p50_ms']:.2f} / p90 {r['p90_ms']:.2f} / p99 {r['p99_ms']:.2f} ms per output token" + (
+                    _serves(r)) + (
                     f"; {r['steps']} steps, median {r['step_median_ms']:.2f} ms, slowest {r['step_max_ms']:.1f} ms"
                     if "step_max_ms" in r else "") + (
                     f" ({r['eager_steps']} eager{_tokens(r)}: {r['eager_ms']:.0f} ms; the rest {r['graph_ms']:.0f} ms)"

@@ -338,3 +338,20 @@ def test_a_given_poisson_rate_is_the_traces_in_every_round(tmp_path, capsys):
         with pytest.raises(SystemExit):
             main(["--poisson-rate", bad, "--out", str(tmp_path)])
         assert f"--poisson-rate: expected a positive number of requests/s, got {float(bad)}" in capsys.readouterr().err
+
+
+def test_the_poisson_result_is_the_median_serve_of_several(tmp_path, capsys):
+    """`--serves N`: each arm serves the trace N times after its one warm-up; its result is the serve with the median
+    p50 (every serve's p50 kept, in order), and the table gives their range. 0 serves is refused."""
+    assert main(["--model", "tiny", "--device", "cpu", "--dtype", "float32", "--quick", "--cases", "poisson",
+                 "--arms", "stock,detent", "--stock-pdl", "on", "--serves", "3", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    table = (tmp_path / "bench.md").read_text()
+    for arm in ("stock", "detent"):
+        r = data["cases"]["poisson"][arm]
+        each = r["serves_p50_ms"]
+        assert len(each) == 3 and r["p50_ms"] == sorted(each)[1]
+        assert f"(median p50 of 3 serves: {min(each):.2f}-{max(each):.2f})" in table
+    with pytest.raises(SystemExit):
+        main(["--serves", "0", "--out", str(tmp_path)])
+    assert "--serves 0: give 1 or more" in capsys.readouterr().err
