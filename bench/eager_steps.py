@@ -13,9 +13,9 @@ its ratio to stock and the rounds' range. `--step-graphs` adds each arm's engine
 (`rollout/step_graphs.py`, captured in its warm-up) beside the plain one: `stock + pieces`, `tuned + pieces`.
 `--pieces-only` times only the engines with pieces. `--shapes` picks shapes by their first word (`mixed`, `serve`:
 40 decode rows beside two 288-token chunks, as the Poisson case's eager steps, `prefill`, `eager`, `grpo`).
-`--kernels N` then profiles each arm's steps of each shape once more (torch profiler) and prints its device time a
-step, the kernels' sum, and its N costliest kernels (`detent_rl/kernel_times.py`): what of a step's wall is the
-GPU's and which kernels differ between the arms. `--linear-from FILE` adds the arm `tuned (FILE)`: the same engine with `linear` taken from another version of
+`--kernels N` then profiles each arm's steps of each shape once more (torch profiler) and prints its device's busy
+time a step and its N costliest kernels by exclusive time (`detent_rl/kernel_times.py`: a PDL wait counted once):
+what of a step's wall is the GPU's and which kernels differ between the arms. `--linear-from FILE` adds the arm `tuned (FILE)`: the same engine with `linear` taken from another version of
 kernels/matmul.py (`git show 4d595e0:kernels/matmul.py > old.py`: before session 33's routes), an A/B of the
 linear's host path in one process. On the CPU it runs too (slowly: use
 `--model tiny --commitment ''`: the default tuple, arm `detent`), without warm-up or warpgroup kernels."""
@@ -127,7 +127,7 @@ def main() -> None:
         total = sum(us for _, us in per.values()) / args.steps
         top = ", ".join(f"{k} {us / args.steps:.0f} µs ({n / args.steps:g} launches)" for k, (n, us) in
                         list(per.items())[:args.kernels])
-        print(f"{args.model} {name}, {label}: kernels' sum {total / 1e3:.2f} ms a step; {top}", flush=True)
+        print(f"{args.model} {name}, {label}: device busy {total / 1e3:.2f} ms a step; {top}", flush=True)
 
 
 def _spans(engine: Engine, shape: list[tuple[int, int]]):

@@ -355,3 +355,19 @@ def test_the_poisson_result_is_the_median_serve_of_several(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--serves", "0", "--out", str(tmp_path)])
     assert "--serves 0: give 1 or more" in capsys.readouterr().err
+
+
+def test_kernel_times_count_a_pdl_wait_once():
+    """Under PDL a dependent kernel's span opens while its predecessor runs. Each kernel's exclusive time is its span
+    after the earlier spans closed: the times add up to the spans' union. Control: the spans summed as they are count
+    the overlap twice, the dependent's wait as its own time."""
+    from detent_rl.kernel_times import exclusive_times
+    spans = [(0.0, 10.0, "gemm"), (2.0, 12.0, "silu"),  # resident at 2, waits for the GEMM, runs 10-12
+             (12.5, 20.0, "gemm"), (13.0, 14.0, "norm"),  # a span inside an earlier, longer one: no time of its own
+             (25.0, 26.0, "norm")]  # after a gap
+    times = exclusive_times(spans)
+    assert times == {"gemm": (2, 17.5), "silu": (1, 2.0), "norm": (2, 1.0)}
+    assert list(times) == ["gemm", "silu", "norm"]  # costliest first
+    union = 12.0 + 7.5 + 1.0
+    assert sum(us for _, us in times.values()) == union
+    assert sum(e - s for s, e, _ in spans) - union == 8.0 + 1.0  # the control: the plain sums' double count
