@@ -15,15 +15,19 @@ its ratio to stock and the rounds' range. `--step-graphs` adds each arm's engine
 40 decode rows beside two 288-token chunks, as the Poisson case's eager steps, `prefill`, `eager`, `grpo`).
 `--kernels N` then profiles each arm's steps of each shape once more (torch profiler) and prints its device's busy
 time a step and its N costliest kernels by exclusive time (`detent_rl/kernel_times.py`: a PDL wait counted once):
-what of a step's wall is the GPU's and which kernels differ between the arms. `--linear-from FILE` adds the arm `tuned (FILE)`: the same engine with `linear` taken from another version of
+what of a step's wall is the GPU's and which kernels differ between the arms. `--host-top N` prints each arm's N
+costliest host functions by own time over the steps of each shape (cProfile; a function's wait for the device counts
+as its own: the sampled tokens' read holds the GPU's time). `--linear-from FILE` adds the arm `tuned (FILE)`: the same engine with `linear` taken from another version of
 kernels/matmul.py (`git show 4d595e0:kernels/matmul.py > old.py`: before session 33's routes), an A/B of the
 linear's host path in one process. On the CPU it runs too (slowly: use
 `--model tiny --commitment ''`: the default tuple, arm `detent`), without warm-up or warpgroup kernels."""
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import importlib.util
+import pstats
 import statistics
 import time
 
@@ -56,6 +60,7 @@ def main() -> None:
     ap.add_argument("--pieces-only", action="store_true", help="only the engines with pieces (implies --step-graphs)")
     ap.add_argument("--shapes", default="", help="comma-separated first words of the shapes to run (default: all)")
     ap.add_argument("--kernels", type=int, default=0, help="profile each arm's steps: device time, top N kernels")
+    ap.add_argument("--host-top", type=int, default=0, help="each arm's N costliest host functions (cProfile)")
     args = ap.parse_args()
     args.step_graphs = args.step_graphs or args.pieces_only
     wanted = [w for w in args.shapes.split(",") if w]
@@ -115,6 +120,17 @@ def main() -> None:
                 spans = _spans(engines[arm], shape)
                 profiles[(label, name)] = kernel_times(lambda: [engines[arm]._step(spans) for _ in range(args.steps)],
                                                        torch.device(device))
+        for label, arm, linear in arms if args.host_top else ():
+            if linear is not None:
+                autograd.linear = linear
+            for name, shape in shapes.items():
+                spans = _spans(engines[arm], shape)
+                with cProfile.Profile() as host:
+                    for _ in range(args.steps):
+                        engines[arm]._step(spans)
+                    sync(torch.device(device))
+                print(f"{args.model} {name}, {label}: the host's costliest functions over {args.steps} steps")
+                pstats.Stats(host).sort_stats("tottime").print_stats(args.host_top)
     finally:
         autograd.linear = ours
     base_label = arms[0][0]
