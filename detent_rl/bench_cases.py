@@ -76,6 +76,12 @@ def _pieced(engine: Engine) -> dict:
     return {} if engine.steps is None else {"piece_steps": sum(engine.steps.runs.values())}
 
 
+def _captured(engine: Engine) -> int:
+    """CUDA graphs the engine holds (decode graphs and each piece size's): a serve that captures one stalls for it."""
+    return (len(engine.graphs.graphs) if engine.graphs is not None else 0) + \
+        (len(engine.steps.graphs) if engine.steps is not None else 0)
+
+
 def _reserved(device: torch.device) -> int:
     """Bytes the caching allocator holds on a CUDA device (0 elsewhere)."""
     if device.type != "cuda":
@@ -142,6 +148,7 @@ class Bench:
     def _serve(self, engine: Engine, arrivals: list[float], trace: list[tuple[list[int], SamplingParams]]) -> dict:
         order = sorted(range(len(trace)), key=lambda i: arrivals[i])
         seqs, finished, at, steps, eager = {}, {}, 0, [], []  # eager: each step call's tokens in `_step` steps
+        captured = _captured(engine)
         t0 = time.perf_counter()
         while at < len(order) or not engine.idle:
             now = time.perf_counter() - t0
@@ -167,6 +174,8 @@ class Bench:
                 "eager_steps": sum(map(bool, eager)), "eager_ms": 1e3 * sum(t for t, e in zip(steps, eager) if e),
                 "eager_tokens_median": statistics.median([e for e in eager if e] or [0]),
                 "eager_tokens_max": max(eager),
+                "step_max_tokens": eager[max(range(len(steps)), key=steps.__getitem__)],  # 0: a decode replay
+                "captures": _captured(engine) - captured,
                 "graph_ms": 1e3 * sum(t for t, e in zip(steps, eager) if not e)}
 
     def offline(self, trace: list[tuple[list[int], SamplingParams]]) -> float:

@@ -147,6 +147,9 @@ def render(results: dict) -> str:
                     _serves(r)) + (
                     f"; {r['steps']} steps, median {r['step_median_ms']:.2f} ms, slowest {r['step_max_ms']:.1f} ms"
                     if "step_max_ms" in r else "") + (
+                    f" (an eager step of {r['step_max_tokens']:,} tokens)" if r.get("step_max_tokens") else
+                    " (a decode replay)" if "step_max_tokens" in r else "") + (
+                    f", {r['captures']} graphs captured" if "captures" in r else "") + (
                     f" ({r['eager_steps']} eager{_tokens(r)}: {r['eager_ms']:.0f} ms; the rest {r['graph_ms']:.0f} ms)"
                     if "eager_ms" in r else "") + (f"; {r['compiles']} compiles" if "compiles" in r else "") + (
                     f"; warm-up {r['warmup_s']:.1f} s, {r['warmup_mib']:,.0f} MiB" if "warmup_mib" in r else "")

@@ -34,11 +34,15 @@ def test_quick_bench_runs_every_arm_and_case(tmp_path, capsys):
         # the eager steps' sizes: every prompt is prefilled in them, so the largest holds at least one whole chunk
         assert p["eager_tokens_median"] >= 1
         assert p["eager_tokens_median"] <= p["eager_tokens_max"] <= data["limits"]["poisson"]["max_num_tokens"]
+        assert 0 <= p["step_max_tokens"] <= p["eager_tokens_max"]  # the slowest step's: 0 for a decode replay
         assert data["cases"]["grpo"][arm]["tok_per_s"] > 0
     # on the CPU the stock arm has no decode graphs (every step eager); CoRun's padded decode step runs as one
     assert data["cases"]["poisson"]["stock"]["eager_steps"] == data["cases"]["poisson"]["stock"]["steps"]
     assert data["cases"]["poisson"]["corun"]["eager_steps"] < data["cases"]["poisson"]["corun"]["steps"]
+    assert data["cases"]["poisson"]["stock"]["step_max_tokens"] >= 1  # every stock step is eager here
     table = (tmp_path / "bench.md").read_text()
+    assert f"(an eager step of {data['cases']['poisson']['stock']['step_max_tokens']:,} tokens), 0 graphs captured" \
+        in table
     assert table.count("| 1.00x |") >= len(cases)  # stock against itself
     assert f"eager, median {data['cases']['poisson']['stock']['eager_tokens_median']:,.0f} tokens" in table
     # CoRun pads its decode to its deployment's maximum concurrency: each case's own engine's, not the GRPO batch's
