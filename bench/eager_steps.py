@@ -17,10 +17,10 @@ its ratio to stock and the rounds' range. `--step-graphs` adds each arm's engine
 time a step and its N costliest kernels by exclusive time (`detent_rl/kernel_times.py`: a PDL wait counted once):
 what of a step's wall is the GPU's and which kernels differ between the arms. `--host-top N` prints each arm's N
 costliest host functions by own time over the steps of each shape (cProfile; a function's wait for the device counts
-as its own: the sampled tokens' read holds the GPU's time). `--linear-from FILE` adds the arm `tuned (FILE)`: the same engine with `linear` taken from another version of
-kernels/matmul.py (`git show 4d595e0:kernels/matmul.py > old.py`: before session 33's routes), an A/B of the
-linear's host path in one process. On the CPU it runs too (slowly: use
-`--model tiny --commitment ''`: the default tuple, arm `detent`), without warm-up or warpgroup kernels."""
+as its own: the sampled tokens' read holds the GPU's time). `--linear-from FILE` adds the arm `tuned (FILE)`: the
+same engine with `linear` taken from another version of kernels/matmul.py (`git show 4d595e0:kernels/matmul.py >
+old.py`: before session 33's routes), an A/B of the linear's host path in one process. On the CPU it runs too (slowly:
+use `--model tiny --commitment ''`: the default tuple, arm `detent`), without warm-up or warpgroup kernels."""
 from __future__ import annotations
 
 import argparse

@@ -21,7 +21,7 @@ from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
 from detent_rl.timing import cold_copies, graph_seconds, median_seconds, sync
 
-GEMM_MS = (1, 8, 32, 128, 256, 512, 640, 1024, 2048, 8192)  # 256: the GRPO batch's decode; 640, 1024: a serve's eager steps
+GEMM_MS = (1, 8, 32, 128, 256, 512, 640, 1024, 2048, 8192)  # 256: a GRPO batch's decode; 640, 1024: a serve's eager
 
 
 @dataclass(frozen=True)

@@ -105,9 +105,9 @@ def _kernel_table(arms: dict, top: int = 12) -> list[str]:
         return []
     names = sorted({k for t in timed.values() for k in t}, key=lambda k: -max(t.get(k, (0, 0.0))[1]
                                                                              for t in timed.values()))
-    out = ["", "Poisson, one more serve under the profiler: ms by kernel (launches), the costliest over the arms (on CUDA "
-           "each kernel's exclusive time: under PDL a kernel's span opens while its predecessor runs, and that wait is "
-           "the predecessor's; `all` is then the device's busy time):", "",
+    out = ["", "Poisson, one more serve under the profiler: ms by kernel (launches), the costliest over the arms "
+           "(on CUDA each kernel's exclusive time: under PDL a kernel's span opens while its predecessor runs, and "
+           "that wait is the predecessor's; `all` is then the device's busy time):", "",
            "| kernel | " + " | ".join(timed) + " |", "|---|" + "---|" * len(timed)]
     for name in names[:top]:
         out.append(f"| {name} | " + " | ".join(f"{t[name][1]:.1f} ({t[name][0]:,})" if name in t else "-"
