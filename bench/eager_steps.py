@@ -99,38 +99,26 @@ def main() -> None:
     profiles: dict = {}
     try:
         for _ in range(args.rounds):
-            for label, arm, linear in arms:
-                if linear is not None:
-                    autograd.linear = linear
-                for name, shape in shapes.items():
-                    spans = _spans(engines[arm], shape)
-                    for _ in range(2):
-                        engines[arm]._step(spans)
-                    sync(torch.device(device))
-                    gc.collect()
-                    t0 = time.perf_counter()
-                    for _ in range(args.steps):
-                        engines[arm]._step(spans)
-                    sync(torch.device(device))
-                    times[(label, name)].append((time.perf_counter() - t0) / args.steps * 1e3)
-        for label, arm, linear in arms if args.kernels else ():
-            if linear is not None:
-                autograd.linear = linear
-            for name, shape in shapes.items():
-                spans = _spans(engines[arm], shape)
-                profiles[(label, name)] = kernel_times(lambda: [engines[arm]._step(spans) for _ in range(args.steps)],
-                                                       torch.device(device))
-        for label, arm, linear in arms if args.host_top else ():
-            if linear is not None:
-                autograd.linear = linear
-            for name, shape in shapes.items():
-                spans = _spans(engines[arm], shape)
-                with cProfile.Profile() as host:
-                    for _ in range(args.steps):
-                        engines[arm]._step(spans)
-                    sync(torch.device(device))
-                print(f"{args.model} {name}, {label}: the host's costliest functions over {args.steps} steps")
-                pstats.Stats(host).sort_stats("tottime").print_stats(args.host_top)
+            for label, name, engine, spans in _each(arms, shapes, engines):
+                for _ in range(2):
+                    engine._step(spans)
+                sync(torch.device(device))
+                gc.collect()
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    engine._step(spans)
+                sync(torch.device(device))
+                times[(label, name)].append((time.perf_counter() - t0) / args.steps * 1e3)
+        for label, name, engine, spans in _each(arms, shapes, engines) if args.kernels else ():
+            profiles[(label, name)] = kernel_times(lambda: [engine._step(spans) for _ in range(args.steps)],
+                                                   torch.device(device))
+        for label, name, engine, spans in _each(arms, shapes, engines) if args.host_top else ():
+            with cProfile.Profile() as host:
+                for _ in range(args.steps):
+                    engine._step(spans)
+                sync(torch.device(device))
+            print(f"{args.model} {name}, {label}: the host's costliest functions over {args.steps} steps")
+            pstats.Stats(host).sort_stats("tottime").print_stats(args.host_top)
     finally:
         autograd.linear = ours
     base_label = arms[0][0]
@@ -144,6 +132,15 @@ def main() -> None:
         top = ", ".join(f"{k} {us / args.steps:.0f} µs ({n / args.steps:g} launches)" for k, (n, us) in
                         list(per.items())[:args.kernels])
         print(f"{args.model} {name}, {label}: device busy {total / 1e3:.2f} ms a step; {top}", flush=True)
+
+
+def _each(arms: list, shapes: dict, engines: dict):
+    """(label, shape name, engine, its spans) of every arm and shape in turn, the arm's linear put in place first."""
+    for label, arm, linear in arms:
+        if linear is not None:
+            autograd.linear = linear
+        for name, shape in shapes.items():
+            yield label, name, engines[arm], _spans(engines[arm], shape)
 
 
 def _spans(engine: Engine, shape: list[tuple[int, int]]):
