@@ -182,8 +182,10 @@ def test_the_schedule_follows_m_and_the_site_while_the_partition_stays():
     tile on outputs 256-column tiles do not divide; the LM head the persistent 128 x 256 one from M = 65 and
     not when the schedule does not follow M; a cut K keeps its parallel Triton rows to M = 64, runs its
     parallel form in the warpgroup kernel at M 65-512 (64 x 64 tiles, then persistent 128 x 128 ones) and the
-    warpgroup 128 x 128 tile (one a program, chunks in sequence) from M = 513. The pinned partition is one
-    value for every M."""
+    warpgroup 128 x 128 tile (one a program, chunks in sequence) from M = 513. From M = 513 to 2,048, where those
+    tiles leave SMs idle, a cut K runs its parallel form while its sequential tiles number under half the SMs, and
+    K whole takes the 64 x 64 tiles while the bucket's tile numbers under the SMs, both to M = 768; a tuned tile_2048
+    keeps its own. The pinned partition is one value for every M."""
     from detent_rl.kernels.programs.matmul import (DEEP_WGMMA_P, MID_WGMMA_P, ROWS16, SMALL_WGMMA,
                                                    SMALL_WGMMA_RING4, SPLIT_WGMMA_SMALL, SPLIT_WGMMA_WIDE,
                                                    SWAP_WGMMA, TILE_CHOICES, WGMMA_CHOICE, WIDE_WGMMA_P)
@@ -201,11 +203,16 @@ def test_the_schedule_follows_m_and_the_site_while_the_partition_stays():
     assert [tile(qkv, m)[2] for m in (1, 32)] == [False, False] and not any(qkv(m).tile_swap_ab for m in (17, 32))
     assert all(tile(qkv, m) == rows16 for m in (33, 64)), [tile(qkv, m) for m in (33, 64)]  # 18 tiles: Triton rows
     assert all(tile(qkv, m) == small for m in (65, 128, 300, 512)), [tile(qkv, m) for m in (65, 128, 300, 512)]
-    assert tile(qkv, 513) == mid_p and tile(qkv, 2048) == mid_p  # 1,152 columns: 4.5 tiles of 256
+    assert tile(qkv, 513) == ring4 and tile(qkv, 768) == ring4  # 81 and 108 tiles of 64 x 128: under the SMs
+    assert tile(qkv, 769) == mid_p and tile(qkv, 2048) == mid_p  # 1,152 columns: 4.5 tiles of 256
     assert tile(qkv, 2049) == wide and tile(qkv, 8192) == wide  # 85 and 320 tiles of 128 x 256
     _, qkv15 = _selectors(2048, 1536)
-    assert tile(qkv15, 513) == deep_p and tile(qkv15, 1024) == deep_p  # 40 and 64 tiles of 128 x 256: under 66
+    # 40 and 48 tiles of 128 x 256 (under 66: 128 x 128 ones), 80 and 96 of those, under the 132 SMs: 64 x 64
+    assert tile(qkv15, 513) == ring4 and tile(qkv15, 768) == ring4
+    assert tile(qkv15, 769) == deep_p and tile(qkv15, 1024) == deep_p  # past FILL_M: the bucket's own
     assert tile(qkv15, 2048) == wide
+    tuned = solve(matmul_program, QWEN2_05B.facts("matmul", {"n": 2048, "k": 1536})).commit(knobs={"tile_2048": 8})
+    assert tile(tuned, 640) == deep_p  # a tuned tile_2048 keeps its choice
     _, gate_up = _selectors(9728, 896)
     assert not gate_up(16).tile_swap_ab and not gate_up(16).tile_wgmma  # M <= 16: the Triton 16-row tile
     assert all(gate_up(m).tile_swap_ab and tile(gate_up, m)[:3] == (SWAP_WGMMA.block_m, SWAP_WGMMA.block_n, True)
@@ -223,10 +230,13 @@ def test_the_schedule_follows_m_and_the_site_while_the_partition_stays():
     _, down = _selectors(896, 4864)
     cut = solve(matmul_program, QWEN2_05B.facts("matmul", {"n": 896, "k": 4864})).commit(pins={"chunk": 640})
     big = row(TILE_CHOICES[2048][WGMMA_CHOICE])
-    assert tile(cut, 513) == big and tile(cut, 8192) == big
+    assert all(tile(cut, m) == row(SPLIT_WGMMA_WIDE) and cut(m).tile_parallel for m in (513, 768))  # 35-42 tiles
+    assert tile(cut, 769) == big and tile(cut, 8192) == big  # past FILL_M: the bucket's sequential tile
+    down15 = solve(matmul_program, QWEN2_05B.facts("matmul", {"n": 1536, "k": 8960})).commit(pins={"chunk": 1792})
+    assert down15(640).tile_parallel and not down15(641).tile_parallel  # 60 tiles of 128 x 128, then 72
     assert not any(cut(m).tile_wgmma for m in (1, 32, 64)) and all(cut(m).tile_parallel for m in (1, 32, 64))
     assert all(tile(cut, m) == row(SPLIT_WGMMA_SMALL) and cut(m).tile_parallel for m in (65, 128))
     assert all(tile(cut, m) == row(SPLIT_WGMMA_WIDE) and cut(m).tile_parallel for m in (129, 256, 512))
-    assert not cut(513).tile_parallel
-    for sel in (qkv, gate_up, head, down, cut):
+    assert not cut(769).tile_parallel
+    for sel in (qkv, gate_up, head, down, cut, down15, tuned):
         assert len({sel(m).chunk for m in (1, 33, 65, 300, 513, 4096)}) == 1

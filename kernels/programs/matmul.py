@@ -71,7 +71,8 @@ TILE_CHOICES = {  # per bucket, choice index -> schedule (an index keeps its mea
           3: SMALL_WGMMA, 5: SMALL_WGMMA_RING4, 8: DEEP_WGMMA_P, 9: WIDE_WGMMA_P, 10: SPLIT_WGMMA_WIDE,
           11: MID_WGMMA_P},
     2048: {0: _s(False, 128, 128, 64, 8, 8, 3), 1: _s(False, 128, 256, 64, 8, 8, 3), 2: _s(False, 64, 128, 64, 8, 4, 3),
-           3: _s(False, 128, 128, 64, 8, 8, 4, wgmma=True), 8: DEEP_WGMMA_P, 9: WIDE_WGMMA_P, 11: MID_WGMMA_P},
+           3: _s(False, 128, 128, 64, 8, 8, 4, wgmma=True), 5: SMALL_WGMMA_RING4, 8: DEEP_WGMMA_P, 9: WIDE_WGMMA_P,
+           10: SPLIT_WGMMA_WIDE, 11: MID_WGMMA_P},
     8192: {0: _s(False, 128, 256, 64, 8, 8, 3), 1: _s(False, 128, 128, 64, 8, 8, 3),
            3: _s(False, 128, 128, 64, 8, 8, 4, wgmma=True), 8: DEEP_WGMMA_P, 9: WIDE_WGMMA_P},
 }
@@ -141,6 +142,7 @@ WIDE_N = 16384
 # projection 1.12x in parallel 64x128 chunks where the sequential form took 2.0x (H200,
 # bench/matmul_sweep.py, docs/BENCHMARKS.md)
 FILL_SHARE = 2
+FILL_M = 768  # the 2,048 bucket's fill rule (below) holds up to here: at M = 1,024 it lost (H100, session 40)
 CHUNK_ALIGN = 128  # chunks are whole multiples of this: every schedule's BLOCK_K divides it
 
 
@@ -219,6 +221,22 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
         choice = WIDE_WGMMA_P_CHOICE if wide_tiles * 2 >= num_sms else DEEP_WGMMA_P_CHOICE
         if bucket == 2048 and n % 256 != 0:
             choice = MID_WGMMA_P_CHOICE
+    # M 513-768 (a serve's eager steps), where the bucket's 128-row tiles leave most SMs idle: the 1.5B down
+    # projection at M = 640 ran sequential chunks in 60 tiles on 132 SMs, the 0.5B one in 35, the 1.5B o in 60 (a
+    # 40-row decode beside two 288-token chunks: detent's GEMMs 1.40x cuBLAS's, session 39). A cut K then runs its
+    # chunks in parallel programs while the sequential tiles number under half the SMs (the 512 bucket's form: its
+    # combine grows with M); K whole, the 64 x 64 warpgroup tiles while the bucket's tile numbers under the SMs (the
+    # 512 bucket's 1.5B qkv / o rule). At M = 640 that took the 1.5B o from 1.69x cuBLAS to 1.40-1.44x, its qkv from
+    # 1.34x to 1.23x, its down from 1.69x to 1.55-1.63x and the 0.5B down from 2.35x to 1.91x; at 1,024 the 1.5B qkv
+    # went from 1.14x to 1.83x and the 0.5B down from 1.66x to 2.04x, hence FILL_M (H100, session 40,
+    # docs/BENCHMARKS.md). The default only: a tuned `tile_2048` keeps its choice.
+    if by_m and bucket == 2048 and t2048 == 0 and dtype_bytes == 2 and m <= FILL_M:
+        wide_rows = (m + 127) // 128
+        if chunk < k and wide_rows * ((n + 127) // 128) * FILL_SHARE < num_sms:
+            choice = SPLIT_WGMMA_CHOICE
+        big = TILES[bucket * 8 + choice]
+        if chunk >= k and (m + big.block_m - 1) // big.block_m * ((n + big.block_n - 1) // big.block_n) < num_sms:
+            choice = SMALL_WGMMA_RING4_CHOICE
     row = TILES[bucket * 8 + choice]
     # as Triton's autotuner prunes: no more pipeline stages than shared memory holds (fp32 tiles are twice
     # the bytes of the bf16 ones the table was written for)
