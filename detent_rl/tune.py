@@ -215,6 +215,7 @@ def tune(model: CausalLM, workload: Workload | ServingWorkload, *,
             continue
         if len(sol.legal) <= 1:
             continue
+        site_t0 = time.perf_counter()
         launches = [(_launcher(model, family, site, args, gen), args, n) for args, n in _thinned(calls[key])]
         entry = resolved.sites[key]
         default = sol.assignment(dict(entry.pins), dict(entry.knobs))
@@ -248,7 +249,8 @@ def tune(model: CausalLM, workload: Workload | ServingWorkload, *,
         report.sites.append(site_report)
         log(f"{key}: {dict(zip(sol.axes, best))} ({len(measured)} of {len(sol.legal)} legal measured, "
             f"{len(distinct)} distinct launches; "
-            f"{site_report.default_s * 1e3:.3f} -> {site_report.best_s * 1e3:.3f} ms per workload run)")
+            f"{site_report.default_s * 1e3:.3f} -> {site_report.best_s * 1e3:.3f} ms per workload run; "
+            f"searched in {time.perf_counter() - site_t0:.1f} s)")
     report.search_s = time.perf_counter() - t0
     out = resolved.with_sites(tuned)
     if build is not None:
