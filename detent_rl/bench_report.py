@@ -105,13 +105,14 @@ def _kernel_table(arms: dict, top: int = 12) -> list[str]:
         return []
     names = sorted({k for t in timed.values() for k in t}, key=lambda k: -max(t.get(k, (0, 0.0))[1]
                                                                              for t in timed.values()))
-    out = ["", "Poisson, one more serve under the profiler: ms by kernel (launches), the costliest over the arms "
+    out = ["", "Poisson, one more serve under the profiler: ms by kernel (launches; µs a launch), the costliest over "
+           "the arms "
            "(on CUDA each kernel's exclusive time: under PDL a kernel's span opens while its predecessor runs, and "
            "that wait is the predecessor's; `all` is then the device's busy time):", "",
            "| kernel | " + " | ".join(timed) + " |", "|---|" + "---|" * len(timed)]
+    cell = lambda n, ms: f"{ms:.1f} ({n:,}; {1e3 * ms / n:.1f} µs)"  # noqa: E731
     for name in names[:top]:
-        out.append(f"| {name} | " + " | ".join(f"{t[name][1]:.1f} ({t[name][0]:,})" if name in t else "-"
-                                               for t in timed.values()) + " |")
+        out.append(f"| {name} | " + " | ".join(cell(*t[name]) if name in t else "-" for t in timed.values()) + " |")
     out.append("| all | " + " | ".join(f"{sum(ms for _, ms in t.values()):.1f} ({sum(n for n, _ in t.values()):,})"
                                         for t in timed.values()) + " |")
     return out
