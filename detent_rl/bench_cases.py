@@ -21,7 +21,8 @@ from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
 from detent_rl.timing import cold_copies, graph_seconds, median_seconds, sync
 
-GEMM_MS = (1, 8, 32, 128, 256, 512, 640, 1024, 2048, 8192)  # 256: a GRPO batch's decode; 640, 1024: a serve's eager
+# 256: a GRPO batch's decode; 640-1,024: a serve's eager steps (768: the matmul program's FILL_M, its mid-M rule's end)
+GEMM_MS = (1, 8, 32, 128, 256, 512, 640, 768, 1024, 2048, 8192)
 
 
 @dataclass(frozen=True)
