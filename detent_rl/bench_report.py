@@ -106,9 +106,8 @@ def _kernel_table(arms: dict, top: int = 12) -> list[str]:
     names = sorted({k for t in timed.values() for k in t}, key=lambda k: -max(t.get(k, (0, 0.0))[1]
                                                                              for t in timed.values()))
     out = ["", "Poisson, one more serve under the profiler: ms by kernel (launches; µs a launch), the costliest over "
-           "the arms "
-           "(on CUDA each kernel's exclusive time: under PDL a kernel's span opens while its predecessor runs, and "
-           "that wait is the predecessor's; `all` is then the device's busy time):", "",
+           "the arms (on CUDA each kernel's exclusive time: under PDL a kernel's span opens while its predecessor "
+           "runs, and that wait is the predecessor's; `all` is then the device's busy time):", "",
            "| kernel | " + " | ".join(timed) + " |", "|---|" + "---|" * len(timed)]
     cell = lambda n, ms: f"{ms:.1f} ({n:,}; {1e3 * ms / n:.1f} µs)"  # noqa: E731
     for name in names[:top]:

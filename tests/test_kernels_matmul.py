@@ -182,10 +182,10 @@ def test_the_schedule_follows_m_and_the_site_while_the_partition_stays():
     tile on outputs 256-column tiles do not divide; the LM head the persistent 128 x 256 one from M = 65 and
     not when the schedule does not follow M; a cut K keeps its parallel Triton rows to M = 64, runs its
     parallel form in the warpgroup kernel at M 65-512 (64 x 64 tiles, then persistent 128 x 128 ones) and the
-    warpgroup 128 x 128 tile (one a program, chunks in sequence) from M = 513. From M = 513 to 2,048, where those
+    warpgroup 128 x 128 tile (one a program, chunks in sequence) from M = 513. From M = 513 to 768, where those
     tiles leave SMs idle, a cut K runs its parallel form while its sequential tiles number under half the SMs, and
-    K whole takes the 64 x 64 tiles while the bucket's tile numbers under the SMs, both to M = 768; a tuned tile_2048
-    keeps its own. The pinned partition is one value for every M."""
+    K whole takes the 64 x 64 tiles while the bucket's tile numbers under the SMs; a tuned tile_2048 keeps its
+    own. The pinned partition is one value for every M."""
     from detent_rl.kernels.programs.matmul import (DEEP_WGMMA_P, MID_WGMMA_P, ROWS16, SMALL_WGMMA,
                                                    SMALL_WGMMA_RING4, SPLIT_WGMMA_SMALL, SPLIT_WGMMA_WIDE,
                                                    SWAP_WGMMA, TILE_CHOICES, WGMMA_CHOICE, WIDE_WGMMA_P)
