@@ -160,19 +160,27 @@ def ordered_allreduce(facts: dict, pins: dict) -> bool:
     return facts["world_size"] <= 2 or pins.get("algorithm") != "nccl"
 
 
-ATTENTION_SPLIT = 1024  # keys per split in the detent default
+ATTENTION_SPLIT = 1024  # keys per split in the detent default: the most (a long context's)
+ATTENTION_SPLIT_MIN = 256  # the fewest (a short context's)
+ATTENTION_SPLITS = 4  # a short context's splits
 
 
 def attention_split_pins(sol: Solution, context: int, pins: dict, knobs: dict) -> dict:
-    """The default's KV split: every row's keys cut every ATTENTION_SPLIT positions (more where the
-    deployment's context needs more than MAX_SPLITS splits). The solver's default is one split over
-    the whole context, which runs a small-batch long-context decode step on one CTA per (sequence, KV
-    head): measured on the H200 (0.5B, batch 2, 12,000-token prompts) attention took 5.96 ms a step in
-    one split and 0.78 ms in 1,024-key splits (0.71-0.77 ms at 256-512, with costlier combines).
-    Rows shorter than the split (most RL prompts + completions) still reduce in one split, so
-    short steps and the trainer's prefill pay nothing for it. Kept only where legal."""
+    """The default's KV split: every row's keys cut every `size` positions, a quarter of the deployment's
+    context (ATTENTION_SPLITS) rounded up to 64 keys, from ATTENTION_SPLIT_MIN to ATTENTION_SPLIT (more where
+    the context needs more than MAX_SPLITS splits). The solver's default is one split over the whole context,
+    which runs a decode step on one CTA per (sequence, KV head), however few sequences:
+    - long context (0.5B, batch 2, 12,000-token prompts; H200): attention took 5.96 ms a step in one split
+      and 0.78 ms in 1,024-key splits (0.71-0.77 ms at 256-512, with costlier combines);
+    - short context, online serving (0.5B, the bench's Poisson case, contexts to 784; H100, session 40): in
+      one split attention took 16.8 µs a call against stock's 7.9 (its FA3 heuristic splits a small batch),
+      1.11-1.33x stock's p50; in 256-key splits 8.8 µs against 9.3, 1.09x. Batch-32 decode (rows to 384 keys)
+      took 1.109 ms a step in 256-key splits and 1.107 in 512-key ones (one split a row), 0.93x stock's.
+    Rows shorter than the split still reduce in one; the partial outputs hold ATTENTION_SPLITS splits of every
+    token at short contexts, and the context / ATTENTION_SPLIT at long ones. Kept only where legal."""
     fewest = -(-context // attention.MAX_SPLITS)
-    size = max(ATTENTION_SPLIT, -(-fewest // 64) * 64)
+    quarter = -(-context // ATTENTION_SPLITS)
+    size = max(min(max(ATTENTION_SPLIT_MIN, -(-quarter // 64) * 64), ATTENTION_SPLIT), -(-fewest // 64) * 64)
     if size >= pins["split_size"]:
         return {}
     split = {"split_size": size, "num_splits": -(-context // size)}

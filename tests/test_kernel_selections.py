@@ -93,6 +93,22 @@ def test_det_arm_is_one_unsplit_configuration_per_site():
     assert stock(1, 1, 1, 4000).num_splits > 1  # the control: stock splits a long decode
 
 
+def test_the_detent_default_cuts_the_keys_by_the_deployments_context():
+    """The default's split: a quarter of a short context (at least 256 keys), 1,024 keys of a long one; a
+    context of 256 keys stays whole. Every batch of a deployment cuts at the same keys. The control: the
+    solver's own default is one split over the context, whatever its length."""
+    from dataclasses import replace
+
+    for context, size in ((256, 256), (784, 256), (2064, 576), (4096, 1024), (8512, 1024)):
+        sel = KernelSelections(replace(QWEN2_05B, max_context=context), "detent")
+        att = sel.get("attention")
+        one, many = att(1, 1, 1, 10), att(64, 1, 64, context)
+        assert (one.split_size, one.num_splits) == (size, -(-context // size)), (context, one)
+        assert att.bits(one) == att.bits(many)
+        default = dict(zip(sel.solution("attention").axes, sel.solution("attention").default))
+        assert default.get("num_splits", 1) == 1 and default["split_size"] >= context  # the control
+
+
 def test_recording_counts_every_site_call_and_graph_replays():
     sel = KernelSelections(QWEN2_05B, "detent")
     mm, norm = sel.get("matmul", n=896, k=4864), sel.get("rmsnorm")
