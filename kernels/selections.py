@@ -176,6 +176,9 @@ def attention_split_pins(sol: Solution, context: int, pins: dict, knobs: dict) -
       one split attention took 16.8 µs a call against stock's 7.9 (its FA3 heuristic splits a small batch),
       1.11-1.33x stock's p50; in 256-key splits 8.8 µs against 9.3, 1.09x. Batch-32 decode (rows to 384 keys)
       took 1.109 ms a step in 256-key splits and 1.107 in 512-key ones (one split a row), 0.93x stock's.
+      On the H200 (session 41) the p50 was 0.87x stock's in 256-key splits, 1.14x in one;
+    - the GRPO batch (256 rows to 456 keys, two splits each; H100, session 41): its decode step 1.01x stock's,
+      against 0.92x in one split (the combine's launch where the rows already fill the SMs): its tuple pins one.
     Rows shorter than the split still reduce in one; the partial outputs hold ATTENTION_SPLITS splits of every
     token at short contexts, and the context / ATTENTION_SPLIT at long ones. Kept only where legal."""
     fewest = -(-context // attention.MAX_SPLITS)
