@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 import triton.testing
 
-from detent_rl.kernels.attention import store_kv
+from detent_rl.kernels.kv_store import store_kv
 from detent_rl.kernels.embedding import embedding
 from detent_rl.kernels.log_softmax import log_softmax, token_logprobs
 from detent_rl.kernels.rmsnorm import rmsnorm, rmsnorm_ref

@@ -17,7 +17,7 @@ fp32; the GPU kernel is compiled without FMA contraction so fp32 matches eager t
 
 Apply and store (`rotary_store`), the no-grad forward's one launch per layer: the same rotation of
 q and k, and the new k with v written into the paged caches at each token's flat slot, exactly what
-`apply_rotary` + `attention.store_kv` give (the same `_rotate`, the same flags; a store moves bits).
+`apply_rotary` + `kv_store.store_kv` give (the same `_rotate`, the same flags; a store moves bits).
 """
 from typing import Any
 
@@ -25,7 +25,7 @@ import torch
 
 from detent_rl.kernels._triton import INDEX_DTYPES, check_block, pdl, pdl_enter, require_triton, tl, triton, use_triton
 from detent_rl.kernels.launch import launch
-from detent_rl.kernels.attention import check_store, store_kv
+from detent_rl.kernels.kv_store import check_store, store_kv
 
 SEQUENCE_DEPENDENT = ("dynamic", "longrope")
 

@@ -5,7 +5,8 @@ import random
 
 import torch
 
-from detent_rl.kernels.attention import attn_meta, pack_of, paged_attention, store_kv
+from detent_rl.kernels.attention import attn_meta, pack_of, paged_attention
+from detent_rl.kernels.kv_store import store_kv
 from detent_rl.kernels.programs.attention import attention_program
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import solve

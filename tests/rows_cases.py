@@ -203,7 +203,7 @@ def rotary_store_case(tokens: int, heads: int, kv_heads: int, head_dim: int, rot
 def rotary_store_failures(case: dict, fused: Callable, rotate: Callable) -> list[str]:
     """Where `fused(q, k, v, positions, cos, sin, k_cache, v_cache, slots) -> q` differs in any bit from
     `rotate(q, k, positions, cos, sin) -> (q, k)` then `store_kv`: the new q and both whole caches."""
-    from detent_rl.kernels.attention import store_kv
+    from detent_rl.kernels.kv_store import store_kv
     c = case
     k_cache, v_cache = c["k_cache"].clone(), c["v_cache"].clone()
     q = fused(c["q"], c["k"], c["v"], c["positions"], c["cos"], c["sin"], k_cache, v_cache, c["slots"])
