@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from detent_rl.kernels.attention import AttnMeta, device_tensor, paged_attention
-from detent_rl.kernels.kv_store import store_kv
 from detent_rl.kernels.embedding import embedding
+from detent_rl.kernels.kv_store import store_kv
 from detent_rl.kernels.log_softmax import token_logprobs
 from detent_rl.kernels.matmul import linear
 from detent_rl.kernels.rmsnorm import rmsnorm, rmsnorm_backward
