@@ -77,6 +77,21 @@ print("packed ok")
     assert proc.returncode == 0 and "packed ok" in proc.stdout, proc.stderr[-3000:]
 
 
+def test_combine_unrolled_keeps_the_plain_loops_bits_interpreted():
+    """The combine's loops, four splits a trip, fold the splits as the plain loop did: the same outputs and
+    log-sum-exps for rows of 1-9 splits, fp32 and bf16 (logic; the GPU test compares bits). Control: the
+    plain loop folded in reverse differs in the same comparison (`tests/combine_cases.py`)."""
+    from interpreted import run_interpreted
+    proc = run_interpreted("""
+import torch
+from combine_cases import check_combine
+bad = check_combine("cpu", torch.float32) + check_combine("cpu", torch.bfloat16)
+assert bad == [], bad
+print("combine ok")
+""")
+    assert proc.returncode == 0 and "combine ok" in proc.stdout, proc.stderr[-3000:]
+
+
 def test_prefetch_reads_the_same_keys_interpreted():
     """The prefetched loop (each block's pages and keys loaded one iteration ahead) folds the same keys
     in the same order as the plain loop: under the interpreter every row of every scenario is equal,
