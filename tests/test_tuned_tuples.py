@@ -30,9 +30,9 @@ def test_the_h200_grpo_recipe_takes_its_tuned_tuple(tmp_path):
 
 @pytest.mark.parametrize("path", sorted((RECIPES_DIR.parent / "bench/tuned").glob("*.json")), ids=lambda p: p.stem)
 def test_every_committed_tuple_loads_onto_its_model(tmp_path, path):
-    """A tuple in bench/tuned/ (named h200_<model>_<workload>.json) is taken by its built-in model at its own
-    deployment (the model built on "meta": the sites and limits are checked, no weights); control: the other
-    Qwen2 size refuses it (another deployment: its heads and widths)."""
+    """A tuple in bench/tuned/ (named <device>_<model>_<workload>.json: the GPU it was tuned on, h200 or h100) is
+    taken by its built-in model at its own deployment (the model built on "meta": the sites and limits are checked,
+    no weights); control: the other Qwen2 size refuses it (another deployment: its heads and widths)."""
     import json
 
     import torch
