@@ -376,3 +376,19 @@ def test_kernel_times_count_a_pdl_wait_once():
     union = 12.0 + 7.5 + 1.0
     assert sum(us for _, us in times.values()) == union
     assert sum(e - s for s, e, _ in spans) - union == 8.0 + 1.0  # the control: the plain sums' double count
+
+
+def test_combine_bench_names_a_bad_schedule_and_swaps_the_engines_combine():
+    """`bench/combine_bench.py`: a schedule not of the form uUwW, or bench arguments without --engine, are refused
+    with the value named; --engine sets the engine's combine before the bench parses its arguments."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = str(Path(__file__).parent.parent / "bench" / "combine_bench.py")
+    run = lambda *a: subprocess.run([sys.executable, "-P", script, *a], capture_output=True, text=True)  # noqa: E731
+    assert "'u4x1': expected uUwW" in run("--schedules", "u4x1").stderr
+    assert "(--x) are the bench's: they need --engine" in run("--", "--x").stderr
+    swapped = run("--engine", "u2w1", "--", "--help")
+    assert swapped.returncode == 0 and "combine: u2w1 (_combine_kernel, 2 splits a trip, 1 warps)" in swapped.stdout
+    plain = run("--engine", "plain", "--", "--help")
+    assert plain.returncode == 0 and "combine: plain (ordered_combine, one split a trip, 4 warps)" in plain.stdout

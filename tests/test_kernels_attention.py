@@ -80,7 +80,7 @@ print("packed ok")
 def test_combine_unrolled_keeps_the_plain_loops_bits_interpreted():
     """The combine's loops, four splits a trip, fold the splits as the plain loop did: the same outputs and
     log-sum-exps for rows of 1-9 splits, fp32 and bf16 (logic; the GPU test compares bits). Control: the
-    plain loop folded in reverse differs in the same comparison (`tests/combine_cases.py`)."""
+    plain loop given each row's splits in reverse order differs in the same comparison (`tests/combine_cases.py`)."""
     from interpreted import run_interpreted
     proc = run_interpreted("""
 import torch

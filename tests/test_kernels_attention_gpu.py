@@ -145,7 +145,7 @@ def test_query_tile_is_a_schedule(facts, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_combine_unrolled_keeps_the_plain_loops_bits(dtype):
     """The combine kernel's loops load four splits a trip: its outputs and log-sum-exps equal the plain
-    loop's (one split's loads, then its sums) bit for bit, rows of 1-9 splits. Control: the plain loop
-    folded in reverse differs in the same comparison (`tests/combine_cases.py`)."""
+    loop's (one split's loads, then its sums) bit for bit, rows of 1-9 splits. Control: the plain loop given
+    each row's splits in reverse order differs in the same comparison (`tests/combine_cases.py`)."""
     from combine_cases import check_combine
     assert check_combine("cuda", dtype) == []

@@ -1,0 +1,126 @@
+"""The attention combine's schedules: time per launch against the plain loop, or the bench's cases with one of them.
+
+`_combine_kernel` (kernels/attention.py) loads `COMBINE_UNROLL` splits a trip on `COMBINE_WARPS` warps; the plain loop
+it replaced (one split's loads, then its sums) is `tests/combine_cases.py`'s `ordered_combine`, which takes the same
+arguments. Every schedule adds the splits in the same order, so every one must write the plain loop's bits: the
+per-launch table says whether each did, beside its time (CUDA-graph replays of 50 launches, median of 7).
+
+    python bench/combine_bench.py                                   # per launch: plain, then each schedule (GPU)
+    python bench/combine_bench.py --schedules u4w1,u2w1,u8w1
+    python bench/combine_bench.py --engine plain -- --arms stock,detent --cases decode-32,grpo --out runs/c_plain
+    python bench/combine_bench.py --engine u4w4 -- --arms stock,detent --cases decode-32,grpo --out runs/c_u4w4
+
+`--engine` runs `python -m detent_rl.bench` (the arguments after `--`) with the engine's combine swapped: `plain` (the
+loop above) or `uUwW` (U splits a trip, W warps); run it once per schedule, each run with the stock arm beside
+(docs/BENCHMARKS.md, session 42).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+SHAPES = ((1, 14, 2), (32, 14, 2), (256, 14, 2), (256, 14, 3), (64, 14, 3), (2048, 14, 2), (8192, 14, 4),
+          (1, 12, 48), (2, 12, 47))  # (rows, heads, splits a row): decode of the 0.5B, prefills, a 12,000-token context
+
+
+def parse_schedule(text: str) -> tuple[int, int]:
+    """"u4w1" -> (4 splits a trip, 1 warp)."""
+    try:
+        u, w = text[1:].split("w")
+        assert text[0] == "u" and int(u) > 0 and int(w) in (1, 2, 4, 8)
+        return int(u), int(w)
+    except (AssertionError, ValueError, IndexError):
+        raise SystemExit(f"combine_bench: schedule {text!r}: expected uUwW, e.g. u4w1 (U splits a trip, W warps of "
+                         f"1, 2, 4 or 8)") from None
+
+
+def time_launch(fn, reps: int = 50) -> float:
+    """µs a launch: `reps` launches captured in one graph, the median of 7 replays."""
+    fn()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(7):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / reps)
+    return sorted(times)[3]
+
+
+def per_launch(schedules: list[tuple[int, int]], head_dim: int = 64, split_len: int = 256) -> None:
+    from combine_cases import ordered_combine
+
+    from detent_rl.kernels.attention import _combine_kernel
+    print("| rows x heads, splits | plain | " + " | ".join(f"{u} a trip, {w} warp(s)" for u, w in schedules)
+          + " | bits equal |")
+    print("|---" * (len(schedules) + 3) + "|")
+    for rows, heads, n in SHAPES:
+        m = torch.randn(rows, heads, n, device="cuda") * 4
+        lsum = torch.rand(rows, heads, n, device="cuda") + 1
+        o = torch.randn(rows, heads, n, head_dim, device="cuda")
+        pos = torch.full((rows,), (n - 1) * split_len + 5, dtype=torch.int32, device="cuda")
+        out = torch.empty(rows, heads, head_dim, dtype=torch.bfloat16, device="cuda")
+        args = (m, lsum, o, out, pos, m, m.stride(0), m.stride(1), o.stride(0), o.stride(1), o.stride(2),
+                out.stride(0), out.stride(1), 0, split_len)
+        times, outs = [], []
+        for kernel, u, w in [(ordered_combine, 1, 4)] + [(_combine_kernel, u, w) for u, w in schedules]:
+            def fn(kernel=kernel, u=u, w=w):
+                kernel[(rows, heads)](*args, HEAD_DIM=head_dim, UNROLL=u, LSE=False, PDL=False, num_warps=w)
+            times.append(time_launch(fn))
+            outs.append(out.clone())
+        same = all(torch.equal(outs[0], x) for x in outs[1:])
+        print(f"| {rows:,} x {heads}, {n} | " + " | ".join(f"{t:.2f}" for t in times) + f" | {same} |", flush=True)
+
+
+def engine(schedule: str, bench_args: list[str]) -> int:
+    import detent_rl.kernels.attention as attention
+    if schedule == "plain":
+        from combine_cases import ordered_combine
+        attention._combine_kernel, attention.COMBINE_WARPS = ordered_combine, 4
+    else:
+        attention.COMBINE_UNROLL, attention.COMBINE_WARPS = parse_schedule(schedule)
+    trip = "one split a trip" if schedule == "plain" else f"{attention.COMBINE_UNROLL} splits a trip"
+    print(f"combine: {schedule} ({attention._combine_kernel.fn.__name__}, {trip}, {attention.COMBINE_WARPS} warps)",
+          flush=True)
+    from detent_rl.bench import main
+    return main(bench_args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    rest = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, rest = argv[:at], argv[at + 1:]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--schedules", default="u1w4,u2w1,u2w4,u4w1,u4w2,u4w4,u8w1",
+                    help="per launch: the schedules timed beside the plain loop (uUwW, comma-separated)")
+    ap.add_argument("--engine", help="plain or uUwW: run the bench (the arguments after --) with this combine")
+    args = ap.parse_args(argv)
+    if args.engine is not None:
+        if args.engine != "plain":
+            parse_schedule(args.engine)
+        return engine(args.engine, rest)
+    if rest:
+        raise SystemExit(f"combine_bench: arguments after -- ({' '.join(rest)}) are the bench's: they need --engine")
+    schedules = [parse_schedule(s) for s in args.schedules.split(",")]
+    if not torch.cuda.is_available():
+        raise SystemExit("combine_bench: the per-launch table times CUDA graphs: it needs a GPU")
+    per_launch(schedules)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
