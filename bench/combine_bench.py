@@ -9,10 +9,11 @@ per-launch table says whether each did, beside its time (CUDA-graph replays of 5
     python bench/combine_bench.py --schedules u4w1,u2w1,u8w1
     python bench/combine_bench.py --engine plain -- --arms stock,detent --cases decode-32,grpo --out runs/c_plain
     python bench/combine_bench.py --engine u4w4 -- --arms stock,detent --cases decode-32,grpo --out runs/c_u4w4
+    python bench/combine_bench.py --engine plain --script bench/decode_profile.py -- --batch 32 --pdl on,off
 
-`--engine` runs `python -m detent_rl.bench` (the arguments after `--`) with the engine's combine swapped: `plain` (the
-loop above) or `uUwW` (U splits a trip, W warps); run it once per schedule, each run with the stock arm beside
-(docs/BENCHMARKS.md, session 42).
+`--engine` runs `python -m detent_rl.bench` (or `--script`, another bench script; the arguments after `--` are
+its) with the engine's combine swapped: `plain` (the loop above) or `uUwW` (U splits a trip, W warps); run it once
+per schedule, each run with the stock arm beside (docs/BENCHMARKS.md, session 42).
 """
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ def per_launch(schedules: list[tuple[int, int]], head_dim: int = 64, split_len: 
         print(f"| {rows:,} x {heads}, {n} | " + " | ".join(f"{t:.2f}" for t in times) + f" | {same} |", flush=True)
 
 
-def engine(schedule: str, bench_args: list[str]) -> int:
+def engine(schedule: str, bench_args: list[str], script: str | None = None) -> int:
     import detent_rl.kernels.attention as attention
     if schedule == "plain":
         from combine_cases import ordered_combine
@@ -94,6 +95,11 @@ def engine(schedule: str, bench_args: list[str]) -> int:
     trip = "one split a trip" if schedule == "plain" else f"{attention.COMBINE_UNROLL} splits a trip"
     print(f"combine: {schedule} ({attention._combine_kernel.fn.__name__}, {trip}, {attention.COMBINE_WARPS} warps)",
           flush=True)
+    if script is not None:  # the script as `python script args` would run it, in this process
+        import runpy
+        sys.argv = [script, *bench_args]
+        runpy.run_path(script, run_name="__main__")
+        return 0
     from detent_rl.bench import main
     return main(bench_args)
 
@@ -108,11 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schedules", default="u1w4,u2w1,u2w4,u4w1,u4w2,u4w4,u8w1",
                     help="per launch: the schedules timed beside the plain loop (uUwW, comma-separated)")
     ap.add_argument("--engine", help="plain or uUwW: run the bench (the arguments after --) with this combine")
+    ap.add_argument("--script", help="--engine: run this bench script instead of python -m detent_rl.bench")
     args = ap.parse_args(argv)
     if args.engine is not None:
         if args.engine != "plain":
             parse_schedule(args.engine)
-        return engine(args.engine, rest)
+        if args.script is not None and not os.path.isfile(args.script):
+            raise SystemExit(f"combine_bench: --script {args.script}: no such file")
+        return engine(args.engine, rest, args.script)
     if rest:
         raise SystemExit(f"combine_bench: arguments after -- ({' '.join(rest)}) are the bench's: they need --engine")
     schedules = [parse_schedule(s) for s in args.schedules.split(",")]

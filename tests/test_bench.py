@@ -380,7 +380,7 @@ def test_kernel_times_count_a_pdl_wait_once():
 
 def test_combine_bench_names_a_bad_schedule_and_swaps_the_engines_combine():
     """`bench/combine_bench.py`: a schedule not of the form uUwW, or bench arguments without --engine, are refused
-    with the value named; --engine sets the engine's combine before the bench parses its arguments."""
+    with the value named; --engine sets the engine's combine before the bench (or --script) parses its arguments."""
     import subprocess
     import sys
     from pathlib import Path
@@ -392,3 +392,6 @@ def test_combine_bench_names_a_bad_schedule_and_swaps_the_engines_combine():
     assert swapped.returncode == 0 and "combine: u2w1 (_combine_kernel, 2 splits a trip, 1 warps)" in swapped.stdout
     plain = run("--engine", "plain", "--", "--help")
     assert plain.returncode == 0 and "combine: plain (ordered_combine, one split a trip, 4 warps)" in plain.stdout
+    profile = run("--engine", "u8w1", "--script", str(Path(script).parent / "decode_profile.py"), "--", "--help")
+    assert profile.returncode == 0 and "usage: decode_profile.py" in profile.stdout and "u8w1" in profile.stdout
+    assert "--script nope.py: no such file" in run("--engine", "plain", "--script", "nope.py").stderr
