@@ -3,7 +3,7 @@
 `_combine_kernel` (kernels/attention.py) loads `COMBINE_UNROLL` splits a trip on `COMBINE_WARPS` warps; the plain loop
 it replaced (one split's loads, then its sums) is `tests/combine_cases.py`'s `ordered_combine`, which takes the same
 arguments. Every schedule adds the splits in the same order, so every one must write the plain loop's bits: the
-per-launch table says whether each did, beside its time (CUDA-graph replays of 50 launches, median of 7).
+per-launch table says whether each did, beside its time (CUDA-graph replays: `detent_rl.timing.graph_seconds`).
 
     python bench/combine_bench.py                                   # per launch: plain, then each schedule (GPU)
     python bench/combine_bench.py --schedules u4w1,u2w1,u8w1
@@ -40,30 +40,11 @@ def parse_schedule(text: str) -> tuple[int, int]:
                          f"1, 2, 4 or 8)") from None
 
 
-def time_launch(fn, reps: int = 50) -> float:
-    """µs a launch: `reps` launches captured in one graph, the median of 7 replays."""
-    fn()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(7):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / reps)
-    return sorted(times)[3]
-
-
 def per_launch(schedules: list[tuple[int, int]], head_dim: int = 64, split_len: int = 256) -> None:
     from combine_cases import ordered_combine
 
     from detent_rl.kernels.attention import _combine_kernel
+    from detent_rl.timing import graph_seconds
     print("| rows x heads, splits | plain | " + " | ".join(f"{u} a trip, {w} warp(s)" for u, w in schedules)
           + " | bits equal |")
     print("|---" * (len(schedules) + 3) + "|")
@@ -79,7 +60,8 @@ def per_launch(schedules: list[tuple[int, int]], head_dim: int = 64, split_len: 
         for kernel, u, w in [(ordered_combine, 1, 4)] + [(_combine_kernel, u, w) for u, w in schedules]:
             def fn(kernel=kernel, u=u, w=w):
                 kernel[(rows, heads)](*args, HEAD_DIM=head_dim, UNROLL=u, LSE=False, PDL=False, num_warps=w)
-            times.append(time_launch(fn))
+            fn()  # compiled before the capture
+            times.append(graph_seconds(fn) * 1e6)
             outs.append(out.clone())
         same = all(torch.equal(outs[0], x) for x in outs[1:])
         print(f"| {rows:,} x {heads}, {n} | " + " | ".join(f"{t:.2f}" for t in times) + f" | {same} |", flush=True)
