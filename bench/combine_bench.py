@@ -98,9 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", help="plain or uUwW: run the bench (the arguments after --) with this combine")
     ap.add_argument("--script", help="--engine: run this bench script instead of python -m detent_rl.bench")
     args = ap.parse_args(argv)
-    if args.engine is not None:
-        if args.engine != "plain":
-            parse_schedule(args.engine)
+    if args.engine is not None:  # (`engine` parses the schedule before it swaps anything)
         if args.script is not None and not os.path.isfile(args.script):
             raise SystemExit(f"combine_bench: --script {args.script}: no such file")
         return engine(args.engine, rest, args.script)
