@@ -1,0 +1,63 @@
+"""The GPU probes' CPU-side logic: what they would time and what they refuse, checked without a GPU."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).parent.parent / "bench"
+
+
+def load(name: str):
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_partition_probe_plans_every_legal_partition_with_forms_that_fit_it():
+    """`bench/partition_probe.py`: the partitions are the selection program's legal ones (the default's among them,
+    K whole too); each pinned partition's selection is what the probe calls `selected`; a grid form's K block always
+    divides the chunk, the parallel forms appear only where K is cut, and a 16-row decode call gets the narrow tiles."""
+    probe = load("partition_probe")
+    dep = probe.deployment("0.5b", 132, 227 * 1024)
+    legal = probe.partitions(dep, 896, 4864, "all")
+    assert 640 in legal and 4864 in legal and legal == sorted(legal) and len(legal) >= 3
+    assert probe.partitions(dep, 896, 4864, "2432,0") == [2432, 4864]
+    with pytest.raises(SystemExit, match=r"--chunks \[1000\] not legal for n=896, k=4864; legal: \[640"):
+        probe.partitions(dep, 896, 4864, "1000")
+    for chunk in legal:
+        selected = probe.selector(dep, 896, 4864, chunk)
+        assert {selected(m).chunk for m in (1, 256, 8192)} == {chunk}  # the pin holds at every M
+        for m in (1, 64, 256, 2048):
+            forms = probe.grid(m, 896, 4864, chunk, 132, wgmma=True)
+            assert forms, (chunk, m)
+            for name, kw in forms:
+                assert chunk % kw["block_k"] == 0, (chunk, m, name)
+                assert not kw["parallel"] or chunk < 4864, (chunk, m, name)
+    narrow = {name for name, _ in probe.grid(1, 896, 4864, 2432, 132, wgmma=False)}
+    assert {"P16x16x128w4s8", "S16x16x128w4s8", "P16x32x128w4s8"} <= narrow
+    assert not any("x256w" in n or "x512w" in n for n in narrow)  # 2,432 is 19 blocks of 128: no 256-element blocks
+    assert all(not kw["parallel"] for _, kw in probe.grid(8, 896, 4864, 4864, 132, wgmma=True))  # K whole
+    assert not any(kw.get("wgmma") for _, kw in probe.grid(8192, 896, 4864, 640, 132, wgmma=False))
+
+
+def test_partition_probe_plan_runs_without_a_gpu_and_refuses_bad_arguments():
+    script = str(BENCH / "partition_probe.py")
+    run = lambda *a: subprocess.run([sys.executable, "-P", script, *a], capture_output=True, text=True)  # noqa: E731
+    plan = run("--plan", "--models", "1.5b", "--ms", "1,2048")
+    assert plan.returncode == 0, plan.stderr
+    lines = [line for line in plan.stdout.splitlines() if line.startswith("1.5b down 8960->1536 chunk")]
+    assert len(lines) >= 3 and any("chunk 1792 (5): 1: P16x64x128" in line for line in lines)
+    assert any("chunk 8960 (1): 1: S" in line for line in lines)
+    assert "--sites ['nope'] unknown" in run("--plan", "--sites", "nope").stderr
+    assert "--models '7b'" in run("--plan", "--models", "7b").stderr
+    if not __import__("torch").cuda.is_available():
+        assert "no CUDA device; --plan prints the plan without one" in run("--models", "0.5b").stderr
