@@ -1,0 +1,323 @@
+"""Probe: the K partition's sequential form with warp specialization, its two warpgroups' chunk ends apart in time.
+
+    python3 -P bench/gemm_ws_probe.py [--cases down05,down15] [--ms 512,1024,2048,8192]      # GPU: bits, then times
+    python -P bench/gemm_ws_probe.py --compile-only                                          # CPU: sm_90a resources
+
+Where K is cut into chunks, `matmul_wgmma`'s kernel waits at each chunk's end for the chunk's MMAs before the
+running total takes the sum: both warpgroups of a 128-row tile wait at once and the tensor cores idle (4-21 % of
+the down projections' time at M >= 2,048, H200, session 31; a third accumulator to overlap the wait spilled). Here
+one warp loads the ring by TMA and each 64-row half of the tile has its own warpgroup (`gl.warp_specialize`):
+each sums its rows' chunks exactly as `linear` does (a fresh accumulator a chunk, the sums added in chunk order),
+so the bits are the partition's, but the second warpgroup starts `lag` K blocks behind the first, so that while
+one waits at a chunk's end the other's MMAs keep the tensor cores busy. The ring's slots are freed when both
+warpgroups are done with them, which keeps the two at most a ring apart.
+
+For each case and M: cuBLAS; `linear`'s own selection for the default partition (`matmul_program`); the current
+sequential form (`linear_wgmma`, 128 x 128, the best ring, persistent or not); K whole in the same tile (the bound
+the partition's chunk ends keep us from: another partition, other bits); and this kernel at a few lags and rings
+(lag 0: the two warpgroups free to run in step). Every output of the partition is compared with `linear`'s bit for
+bit; K whole is the control (it must differ, or the comparison proves nothing). Times: CUDA-graph replays over
+cold weight copies, median µs. `--compile-only` compiles the kernel for sm_90a with ptxas on any machine (Triton
+3.6's Gluon, as on the device): registers, spill bytes, shared memory.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except ImportError as e:  # a Triton without Gluon's Hopper API
+    sys.exit(f"gemm_ws_probe: needs Triton's Gluon (3.6 or later): {e}")
+
+from detent_rl.kernels.matmul_wgmma import _tile_offsets
+
+CASES = {"down05": (896, 4864, 640), "down15": (1536, 8960, 1792)}  # n, k, the default tuple's chunk
+BLOCK_M, HALF = 128, 64  # a tile's rows: two warpgroups' 64-row halves
+SMEM_BYTES = 227 * 1024
+
+
+@gluon.jit
+def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, GROUP_M: gl.constexpr, NUM_K: gl.constexpr,
+                    NUM_BUFFERS: gl.constexpr):
+    """The loads: K block after K block of this program's tiles into the ring, a slot once both halves freed it."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    i = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        for kb in range(NUM_K):
+            slot = i % NUM_BUFFERS
+            mbarrier.wait(empty.index(slot), ((i // NUM_BUFFERS) & 1) ^ 1)  # (a fresh barrier passes phase 1)
+            mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, [off_m, kb * BLOCK_K], ready.index(slot), a_bufs.index(slot))
+            tma.async_copy_global_to_shared(b_desc, [off_n, kb * BLOCK_K], ready.index(slot), b_bufs.index(slot))
+            i += 1
+
+
+@gluon.jit
+def _half_partition(a_bufs, b_bufs, ready, empty, start, c_desc, c_buf, M, N, ROW: gl.constexpr,
+                    GROUP_M: gl.constexpr, NUM_CHUNKS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr,
+                    NUM_BUFFERS: gl.constexpr, LAG: gl.constexpr):
+    """One warpgroup: rows ROW..ROW+63 of each of this program's tiles, its chunk sums added in chunk order. The
+    first half (ROW 0) arrives on `start` once it has issued LAG blocks; the second waits for that, once."""
+    BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
+    BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
+    HALF: gl.constexpr = c_buf.type.shape[0]
+    NUM_K: gl.constexpr = NUM_CHUNKS * CHUNK_BLOCKS
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                     instr_shape=[16, BLOCK_N, 16])
+    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    my_blocks = (num_tiles - gl.program_id(0) + gl.num_programs(0) - 1) // gl.num_programs(0) * NUM_K
+    if ROW > 0:
+        if LAG > 0:
+            mbarrier.wait(start, 0)
+    i = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=layout)
+        total = acc  # (K whole: never read, so never kept)
+        for kb in range(NUM_K):
+            slot = i % NUM_BUFFERS
+            j = kb % CHUNK_BLOCKS
+            if NUM_CHUNKS > 1:
+                if (j == 0) & (kb > 0):  # the chunk before is issued: wait for its sum, free its last slot, fold it
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                    mbarrier.arrive(empty.index((i - 1) % NUM_BUFFERS), count=1)
+                    if kb == CHUNK_BLOCKS:
+                        total = acc
+                    else:
+                        total = total + acc
+            mbarrier.wait(ready.index(slot), (i // NUM_BUFFERS) & 1)
+            acc = warpgroup_mma(a_bufs.index(slot).slice(ROW, HALF), b_bufs.index(slot).permute((1, 0)), acc,
+                                use_acc=j != 0, is_async=True)  # a chunk's first block starts from zero
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # block i - 1's MMA is done
+            if j != 0:  # (a chunk's first block: the fold above freed block i - 1's slot)
+                mbarrier.arrive(empty.index((i - 1) % NUM_BUFFERS), count=1)
+            if ROW == 0:
+                if LAG > 0:
+                    if i == gl.minimum(my_blocks, LAG) - 1:  # LAG blocks issued (or all of them): the other may go
+                        mbarrier.arrive(start, count=1)
+            i += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index((i - 1) % NUM_BUFFERS), count=1)
+        if NUM_CHUNKS == 1:
+            total = acc
+        else:
+            total = total + acc
+        tma.store_wait(pendings=0)  # the previous tile's store has read the buffer
+        c_buf.store(total.to(c_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [off_m + ROW, off_n], c_buf)  # rows past M are clipped
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _first_half(a_bufs, b_bufs, ready, empty, start, c_desc, c_bufs, M, N, GROUP_M: gl.constexpr,
+                NUM_CHUNKS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr, NUM_BUFFERS: gl.constexpr, LAG: gl.constexpr):
+    _half_partition(a_bufs, b_bufs, ready, empty, start, c_desc, c_bufs.index(0), M, N, 0, GROUP_M, NUM_CHUNKS,
+                    CHUNK_BLOCKS, NUM_BUFFERS, LAG)
+
+
+@gluon.jit
+def _second_half(a_bufs, b_bufs, ready, empty, start, c_desc, c_bufs, M, N, GROUP_M: gl.constexpr,
+                 NUM_CHUNKS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr, NUM_BUFFERS: gl.constexpr, LAG: gl.constexpr):
+    _half_partition(a_bufs, b_bufs, ready, empty, start, c_desc, c_bufs.index(1), M, N, c_bufs.type.shape[1],
+                    GROUP_M, NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS, LAG)
+
+
+@gluon.jit
+def ws_chunked_kernel(a_desc, b_desc, c_desc, M, N, GROUP_M: gl.constexpr, NUM_CHUNKS: gl.constexpr,
+                      CHUNK_BLOCKS: gl.constexpr, NUM_BUFFERS: gl.constexpr, LAG: gl.constexpr,
+                      HALF_REGS: gl.constexpr):
+    """out (c_desc, 64-row blocks) = a @ b^T under the K partition (NUM_CHUNKS chunks of CHUNK_BLOCKS K blocks):
+    the default partition and one worker warpgroup each take a 64-row half of every tile, one worker warp loads."""
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_BUFFERS] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_BUFFERS] + b_desc.block_type.shape, b_desc.layout)
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2] + c_desc.block_type.shape, c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+    start = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(NUM_BUFFERS):
+        mbarrier.init(ready.index(s), count=1)  # the loader's expected bytes
+        mbarrier.init(empty.index(s), count=2)  # both halves done with the slot
+    mbarrier.init(start, count=1)
+    halves = (a_bufs, b_bufs, ready, empty, start, c_desc, c_bufs, M, N, GROUP_M, NUM_CHUNKS, CHUNK_BLOCKS,
+              NUM_BUFFERS, LAG)
+    gl.warp_specialize([(_first_half, halves), (_second_half, halves),
+                        (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, GROUP_M,
+                                           NUM_CHUNKS * CHUNK_BLOCKS, NUM_BUFFERS))],
+                       [4, 1], [HALF_REGS, 40])
+
+
+def _layout(rows: int, cols: int, dt):
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], dt)
+
+
+def ring_depth(block_n: int, block_k: int, asked: int, num_k: int) -> int:
+    """The ring's slots: as asked, at most what shared memory holds beside the two halves' store buffers."""
+    stage = (BLOCK_M + block_n) * block_k * 2
+    return max(2, min(asked, (SMEM_BYTES - 2048 - 2 * HALF * block_n * 2) // stage, num_k))
+
+
+def meta(k: int, chunk: int, block_n: int, block_k: int, ring: int, lag: int) -> dict:
+    chunk = min(chunk, -(-k // block_k) * block_k)
+    chunks = -(-k // chunk)
+    assert chunk % block_k == 0 and (chunks == 1 or block_n <= 128), "two fp32 64 x N tiles a thread: N <= 128"
+    ring = ring_depth(block_n, block_k, ring, chunks * (chunk // block_k))
+    # the first half issues at most a ring of blocks before the second frees a slot: it must signal within that
+    assert lag <= ring, f"lag {lag} must be at most the ring's {ring} slots"
+    return dict(GROUP_M=8, NUM_CHUNKS=chunks, CHUNK_BLOCKS=chunk // block_k, NUM_BUFFERS=ring, LAG=lag,
+                HALF_REGS=232, num_warps=4)
+
+
+def linear_ws(x: torch.Tensor, w: torch.Tensor, *, chunk: int, block_n: int = 128, block_k: int = 64, ring: int = 6,
+              lag: int = 3, programs: int = 0) -> torch.Tensor:
+    """`x @ w.T` (bf16, no bias) under the K partition `chunk`, by the warp-specialized kernel: `programs` (0: one a
+    tile, else at most that many, each running every so-many-th tile: persistent)."""
+    M, K = x.shape
+    N = w.shape[0]
+    out = x.new_empty((M, N))
+    dt = gl.bfloat16
+    a = TensorDescriptor.from_tensor(x, [BLOCK_M, block_k], _layout(BLOCK_M, block_k, dt))
+    b = TensorDescriptor.from_tensor(w, [block_n, block_k], _layout(block_n, block_k, dt))
+    c = TensorDescriptor.from_tensor(out, [HALF, block_n], _layout(HALF, block_n, dt))
+    tiles = -(-M // BLOCK_M) * -(-N // block_n)
+    grid = min(tiles, programs) if programs else tiles
+    ws_chunked_kernel[(grid,)](a, b, c, M, N, **meta(K, chunk, block_n, block_k, ring, lag))
+    return out
+
+
+def compile_only(configs: list[tuple]) -> None:
+    """Registers, spill bytes and shared memory of each (k, chunk, block_n, block_k, ring, lag), for sm_90a."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    print(f"Triton {triton.__version__}, sm_90a: registers (the largest partition's) / spill bytes / shared bytes")
+    for k, chunk, block_n, block_k, ring, lag in configs:
+        m = meta(k, chunk, block_n, block_k, ring, lag)
+        host = torch.empty(256, k, dtype=torch.bfloat16)
+        descs = [TensorDescriptor.from_tensor(host, [r, c], _layout(r, c, gl.bfloat16))
+                 for r, c in ((BLOCK_M, block_k), (block_n, block_k), (HALF, block_n))]
+        names = ws_chunked_kernel.arg_names
+        signature = {n: mangle_type(d) for n, d in zip(names, descs)}
+        signature.update(M="i32", N="i32")
+        constexprs = {}
+        for i, name in enumerate(names):
+            if name in m:
+                signature[name], constexprs[(i,)] = "constexpr", m[name]
+        src = GluonASTSource(ws_chunked_kernel, signature, constexprs=constexprs, attrs={})
+        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=m["num_warps"]))
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
+            ptx.write(kernel.asm["ptx"])
+            ptx.flush()
+            log = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", ptx.name, "-o", "/dev/null"],
+                                 capture_output=True, text=True, check=True).stderr
+        regs = re.search(r"Used (\d+) registers", log).group(1)
+        spill = re.search(r"(\d+) bytes spill stores", log)
+        print(f"k {k}, chunk {chunk} ({m['NUM_CHUNKS']}), 128 x {block_n} x {block_k}, ring {m['NUM_BUFFERS']}, "
+              f"lag {lag}: {regs} / {spill.group(1) if spill else 0} / {kernel.metadata.shared}", flush=True)
+
+
+def gpu(cases: list[str], ms: list[int], lags: list[int], rings: list[int]) -> None:
+    import os
+
+    import torch.nn.functional as F
+
+    from detent_rl.kernels.matmul import launch_params, linear
+    from detent_rl.kernels.matmul_wgmma_plan import linear_wgmma
+    from detent_rl.timing import cold_copies, graph_seconds
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from partition_probe import deployment, selector
+
+    us = lambda fn: graph_seconds(fn) * 1e6  # noqa: E731
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; µs per call (CUDA-graph replays, cold "
+          f"weights)")
+    print("| case | M | cuBLAS | selected (default tuple) | sequential 128 x 128 (best) | K whole 128 x 128 / x 256 "
+          "(other bits) | warp-specialized (best: ring, lag, persistent) | ws / cuBLAS | bits | K whole differs |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for case in cases:
+        n, k, chunk = CASES[case]
+        select = selector(deployment("0.5b" if case.endswith("05") else "1.5b", sms, SMEM_BYTES), n, k, chunk)
+        w0 = (torch.randn(n, k, generator=g, device="cuda") / k ** 0.5).to(torch.bfloat16)
+        w = cold_copies(w0)
+        big = torch.randn(max(ms), k, generator=g, device="cuda").to(torch.bfloat16)
+        ref_all = linear(big, w0, None, chunk=chunk, parallel=False, block_m=64, block_n=64, block_k=64)
+        whole_all = linear(big, w0, None, chunk=k, parallel=False, block_m=64, block_n=64, block_k=64)
+        for m in ms:
+            x, ref = big[:m], ref_all[:m]
+            cublas = us(lambda: F.linear(x, w(), None))
+            chosen = launch_params(select(m))
+            selected = us(lambda: linear(x, w(), None, **chosen))
+            same = torch.equal(linear(x, w0, None, **chosen), ref)
+            seq = min((us(lambda: linear_wgmma(x, w(), None, chunk=chunk, block_m=128, block_n=128, block_k=64,
+                                               num_buffers=ring, persistent=p)), ring, p)
+                      for ring in (3, 4) for p in (False, True))
+            same &= torch.equal(linear_wgmma(x, w0, None, chunk=chunk, block_m=128, block_n=128, block_k=64,
+                                             num_buffers=4), ref)
+            whole = [us(lambda: linear_wgmma(x, w(), None, chunk=k, block_m=128, block_n=bn, block_k=64,
+                                             num_buffers=4 if bn == 128 else 3, persistent=True)) for bn in (128, 256)]
+            differs = not torch.equal(whole_all[:m], ref)
+            each, errors = [], []
+            for ring in rings:
+                for lag in lags:
+                    for programs in (0, sms):
+                        kw = dict(chunk=chunk, ring=ring, lag=lag, programs=programs)
+                        try:
+                            out = linear_ws(x, w0, **kw)
+                        except Exception as e:  # noqa: BLE001 - a probe reports a variant that fails to build
+                            errors.append(f"{kw}: {type(e).__name__}: {str(e)[:300]}")
+                            continue
+                        if not torch.equal(out, ref):
+                            same = False
+                            errors.append(f"{kw}: {int((out != ref).sum())} of {ref.numel()} outputs differ")
+                        each.append((us(lambda: linear_ws(x, w(), **kw)), ring, lag, "P" if programs else ""))
+            best = min(each) if each else (float("nan"), None, None, "")
+            print(f"| {case} | {m} | {cublas:.1f} | {selected:.1f} | {seq[0]:.1f} (ring {seq[1]}"
+                  f"{', P' if seq[2] else ''}) | {whole[0]:.1f} / {whole[1]:.1f} | {best[0]:.1f} (ring {best[1]}, "
+                  f"lag {best[2]}{', P' if best[3] else ''}) | {best[0] / cublas:.2f}x | {'=' if same else 'DIFF'} | "
+                  f"{'yes' if differs else 'NO (a weak check)'} |", flush=True)
+            print("    ws each (µs, ring, lag, P): " + ", ".join(f"{t:.1f} r{r} l{lag}{p}" for t, r, lag, p in each))
+            for e in errors[:3]:
+                print("   ", e)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--ms", default="512,1024,2048,8192")
+    ap.add_argument("--lags", default="0,2,4")
+    ap.add_argument("--rings", default="5,6")
+    ap.add_argument("--compile-only", action="store_true", help="sm_90a resources of each variant; no GPU needed")
+    args = ap.parse_args()
+    lags, rings = [int(v) for v in args.lags.split(",")], [int(v) for v in args.rings.split(",")]
+    cases = args.cases.split(",")
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise SystemExit(f"gemm_ws_probe: --cases {unknown} unknown; known: {sorted(CASES)}")
+    if args.compile_only:
+        compile_only([(CASES[c][1], CASES[c][2], 128, 64, ring, lag) for c in cases for ring in rings for lag in lags]
+                     + [(CASES[c][1], CASES[c][1], bn, 64, ring, 0) for c in cases for bn in (128, 256)
+                        for ring in rings])
+        return
+    gpu(cases, [int(m) for m in args.ms.split(",")], lags, rings)
+
+
+if __name__ == "__main__":
+    main()
