@@ -10,7 +10,9 @@ one warp loads the ring by TMA and each 64-row half of the tile has its own warp
 each sums its rows' chunks exactly as `linear` does (a fresh accumulator a chunk, the sums added in chunk order),
 so the bits are the partition's, but the second warpgroup starts `lag` K blocks behind the first, so that while
 one waits at a chunk's end the other's MMAs keep the tensor cores busy. The ring's slots are freed when both
-warpgroups are done with them, which keeps the two at most a ring apart.
+warpgroups are done with them, which keeps the two at most a ring apart. A 192-row tile (three warpgroups, each
+`lag` behind the one before) is tried too: the 1.5B down projection at M = 2,048 is 132 such tiles on 132
+multiprocessors, where 128-row tiles number 192 (1.45 waves: session 31's 1.31x cuBLAS even with K whole).
 
 For each case and M: cuBLAS; `linear`'s own selection for the default partition (`matmul_program`); the current
 sequential form (`linear_wgmma`, 128 x 128, the best ring, persistent or not); K whole in the same tile (the bound
@@ -42,15 +44,18 @@ except ImportError as e:  # a Triton without Gluon's Hopper API
 from detent_rl.kernels.matmul_wgmma import _tile_offsets
 
 CASES = {"down05": (896, 4864, 640), "down15": (1536, 8960, 1792)}  # n, k, the default tuple's chunk
-BLOCK_M, HALF = 128, 64  # a tile's rows: two warpgroups' 64-row halves
+HALF = 64  # a warpgroup's rows of a tile
 SMEM_BYTES = 227 * 1024
 
 
 @gluon.jit
 def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, GROUP_M: gl.constexpr, NUM_K: gl.constexpr,
                     NUM_BUFFERS: gl.constexpr):
-    """The loads: K block after K block of this program's tiles into the ring, a slot once both halves freed it."""
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    """The loads: K block after K block of this program's tiles into the ring, a slot once every warpgroup freed it
+    (x's rows 64 at a time: a TMA block's sides are powers of two, a tile's rows 128 or 192)."""
+    HALF: gl.constexpr = a_desc.block_type.shape[0]
+    HALVES: gl.constexpr = a_bufs.type.shape[0] // NUM_BUFFERS
+    BLOCK_M: gl.constexpr = HALVES * HALF
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
@@ -60,29 +65,33 @@ def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, GROUP_M:
         for kb in range(NUM_K):
             slot = i % NUM_BUFFERS
             mbarrier.wait(empty.index(slot), ((i // NUM_BUFFERS) & 1) ^ 1)  # (a fresh barrier passes phase 1)
-            mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(a_desc, [off_m, kb * BLOCK_K], ready.index(slot), a_bufs.index(slot))
+            mbarrier.expect(ready.index(slot), HALVES * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            for r in gl.static_range(HALVES):
+                tma.async_copy_global_to_shared(a_desc, [off_m + r * HALF, kb * BLOCK_K], ready.index(slot),
+                                                a_bufs.index(slot * HALVES + r))
             tma.async_copy_global_to_shared(b_desc, [off_n, kb * BLOCK_K], ready.index(slot), b_bufs.index(slot))
             i += 1
 
 
 @gluon.jit
-def _half_partition(a_bufs, b_bufs, ready, empty, start, c_desc, c_buf, M, N, ROW: gl.constexpr,
+def _half_partition(a_bufs, b_bufs, ready, empty, starts, c_desc, c_buf, M, N, ROW: gl.constexpr,
                     GROUP_M: gl.constexpr, NUM_CHUNKS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr,
                     NUM_BUFFERS: gl.constexpr, LAG: gl.constexpr):
     """One warpgroup: rows ROW..ROW+63 of each of this program's tiles, its chunk sums added in chunk order. The
-    first half (ROW 0) arrives on `start` once it has issued LAG blocks; the second waits for that, once."""
-    BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
-    BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
+    warpgroup of the rows above waits (once) until this one has issued LAG blocks (`starts`): LAG blocks apart."""
     HALF: gl.constexpr = c_buf.type.shape[0]
+    HALVES: gl.constexpr = a_bufs.type.shape[0] // NUM_BUFFERS
+    BLOCK_M: gl.constexpr = HALVES * HALF
+    BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
+    R: gl.constexpr = ROW // HALF  # this warpgroup's place: 0 leads
     NUM_K: gl.constexpr = NUM_CHUNKS * CHUNK_BLOCKS
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                      instr_shape=[16, BLOCK_N, 16])
     num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     my_blocks = (num_tiles - gl.program_id(0) + gl.num_programs(0) - 1) // gl.num_programs(0) * NUM_K
-    if ROW > 0:
+    if R > 0:
         if LAG > 0:
-            mbarrier.wait(start, 0)
+            mbarrier.wait(starts.index(R - 1), 0)
     i = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -100,15 +109,15 @@ def _half_partition(a_bufs, b_bufs, ready, empty, start, c_desc, c_buf, M, N, RO
                     else:
                         total = total + acc
             mbarrier.wait(ready.index(slot), (i // NUM_BUFFERS) & 1)
-            acc = warpgroup_mma(a_bufs.index(slot).slice(ROW, HALF), b_bufs.index(slot).permute((1, 0)), acc,
+            acc = warpgroup_mma(a_bufs.index(slot * HALVES + R), b_bufs.index(slot).permute((1, 0)), acc,
                                 use_acc=j != 0, is_async=True)  # a chunk's first block starts from zero
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # block i - 1's MMA is done
             if j != 0:  # (a chunk's first block: the fold above freed block i - 1's slot)
                 mbarrier.arrive(empty.index((i - 1) % NUM_BUFFERS), count=1)
-            if ROW == 0:
+            if R < HALVES - 1:
                 if LAG > 0:
-                    if i == gl.minimum(my_blocks, LAG) - 1:  # LAG blocks issued (or all of them): the other may go
-                        mbarrier.arrive(start, count=1)
+                    if i == gl.minimum(my_blocks, LAG) - 1:  # LAG blocks issued (or all of them): the next may go
+                        mbarrier.arrive(starts.index(R), count=1)
             i += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index((i - 1) % NUM_BUFFERS), count=1)
@@ -124,95 +133,113 @@ def _half_partition(a_bufs, b_bufs, ready, empty, start, c_desc, c_buf, M, N, RO
 
 
 @gluon.jit
-def _first_half(a_bufs, b_bufs, ready, empty, start, c_desc, c_bufs, M, N, GROUP_M: gl.constexpr,
-                NUM_CHUNKS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr, NUM_BUFFERS: gl.constexpr, LAG: gl.constexpr):
-    _half_partition(a_bufs, b_bufs, ready, empty, start, c_desc, c_bufs.index(0), M, N, 0, GROUP_M, NUM_CHUNKS,
-                    CHUNK_BLOCKS, NUM_BUFFERS, LAG)
-
-
-@gluon.jit
-def _second_half(a_bufs, b_bufs, ready, empty, start, c_desc, c_bufs, M, N, GROUP_M: gl.constexpr,
-                 NUM_CHUNKS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr, NUM_BUFFERS: gl.constexpr, LAG: gl.constexpr):
-    _half_partition(a_bufs, b_bufs, ready, empty, start, c_desc, c_bufs.index(1), M, N, c_bufs.type.shape[1],
-                    GROUP_M, NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS, LAG)
-
-
-@gluon.jit
-def ws_chunked_kernel(a_desc, b_desc, c_desc, M, N, GROUP_M: gl.constexpr, NUM_CHUNKS: gl.constexpr,
-                      CHUNK_BLOCKS: gl.constexpr, NUM_BUFFERS: gl.constexpr, LAG: gl.constexpr,
-                      HALF_REGS: gl.constexpr):
-    """out (c_desc, 64-row blocks) = a @ b^T under the K partition (NUM_CHUNKS chunks of CHUNK_BLOCKS K blocks):
-    the default partition and one worker warpgroup each take a 64-row half of every tile, one worker warp loads."""
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_BUFFERS] + a_desc.block_type.shape, a_desc.layout)
+def ws_chunked_kernel(a_desc, b_desc, c_desc, M, N, HALVES: gl.constexpr, GROUP_M: gl.constexpr,
+                      NUM_CHUNKS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr, NUM_BUFFERS: gl.constexpr,
+                      LAG: gl.constexpr, REGS: gl.constexpr):
+    """out (c_desc: 64-row blocks) = a @ b^T under the K partition (NUM_CHUNKS chunks of CHUNK_BLOCKS K blocks) in
+    tiles of 128 or 192 rows: the default partition and one or two worker warpgroups each take 64 rows of every tile
+    (REGS registers a thread each), one worker warp loads."""
+    HALF: gl.constexpr = c_desc.block_type.shape[0]
+    NUM_K: gl.constexpr = NUM_CHUNKS * CHUNK_BLOCKS
+    # x's rows a slot as HALVES 64-row blocks (shared memory's sides, like TMA's, are powers of two)
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_BUFFERS * HALVES] + a_desc.block_type.shape,
+                                       a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_BUFFERS] + b_desc.block_type.shape, b_desc.layout)
-    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2] + c_desc.block_type.shape, c_desc.layout)
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [HALVES] + c_desc.block_type.shape, c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
-    start = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    starts = gl.allocate_shared_memory(gl.int64, [HALVES - 1, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NUM_BUFFERS):
         mbarrier.init(ready.index(s), count=1)  # the loader's expected bytes
-        mbarrier.init(empty.index(s), count=2)  # both halves done with the slot
-    mbarrier.init(start, count=1)
-    halves = (a_bufs, b_bufs, ready, empty, start, c_desc, c_bufs, M, N, GROUP_M, NUM_CHUNKS, CHUNK_BLOCKS,
-              NUM_BUFFERS, LAG)
-    gl.warp_specialize([(_first_half, halves), (_second_half, halves),
-                        (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, GROUP_M,
-                                           NUM_CHUNKS * CHUNK_BLOCKS, NUM_BUFFERS))],
-                       [4, 1], [HALF_REGS, 40])
+        mbarrier.init(empty.index(s), count=HALVES)  # every warpgroup done with the slot
+    for s in gl.static_range(HALVES - 1):
+        mbarrier.init(starts.index(s), count=1)
+    # (a warp_specialize argument is a tensor, a descriptor or a constexpr: no plain int; no tuple arithmetic)
+    gl.static_assert(HALF == 64, "a warpgroup's 64 rows")
+    row0: gl.constexpr = 0
+    row1: gl.constexpr = 64
+    row2: gl.constexpr = 128
+    if HALVES == 2:
+        gl.warp_specialize([
+            (_half_partition, (a_bufs, b_bufs, ready, empty, starts, c_desc, c_bufs.index(0), M, N, row0, GROUP_M,
+                               NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS, LAG)),
+            (_half_partition, (a_bufs, b_bufs, ready, empty, starts, c_desc, c_bufs.index(1), M, N, row1, GROUP_M,
+                               NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS, LAG)),
+            (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, GROUP_M, NUM_K, NUM_BUFFERS))],
+            [4, 1], [REGS, 40])
+    else:
+        gl.warp_specialize([
+            (_half_partition, (a_bufs, b_bufs, ready, empty, starts, c_desc, c_bufs.index(0), M, N, row0, GROUP_M,
+                               NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS, LAG)),
+            (_half_partition, (a_bufs, b_bufs, ready, empty, starts, c_desc, c_bufs.index(1), M, N, row1, GROUP_M,
+                               NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS, LAG)),
+            (_half_partition, (a_bufs, b_bufs, ready, empty, starts, c_desc, c_bufs.index(2), M, N, row2, GROUP_M,
+                               NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS, LAG)),
+            (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, GROUP_M, NUM_K, NUM_BUFFERS))],
+            [4, 4, 1], [REGS, REGS, 24])
 
 
 def _layout(rows: int, cols: int, dt):
     return gl.NVMMASharedLayout.get_default_for([rows, cols], dt)
 
 
-def ring_depth(block_n: int, block_k: int, asked: int, num_k: int) -> int:
-    """The ring's slots: as asked, at most what shared memory holds beside the two halves' store buffers."""
-    stage = (BLOCK_M + block_n) * block_k * 2
-    return max(2, min(asked, (SMEM_BYTES - 2048 - 2 * HALF * block_n * 2) // stage, num_k))
+def ring_depth(block_m: int, block_n: int, block_k: int, asked: int, num_k: int) -> int:
+    """The ring's slots: as asked, at most what shared memory holds beside the warpgroups' store buffers."""
+    stage = (block_m + block_n) * block_k * 2
+    return max(2, min(asked, (SMEM_BYTES - 2048 - block_m * block_n * 2) // stage, num_k))
 
 
-def meta(k: int, chunk: int, block_n: int, block_k: int, ring: int, lag: int) -> dict:
+def meta(k: int, chunk: int, block_m: int, block_n: int, block_k: int, ring: int, lag: int) -> dict:
+    assert block_m in (2 * HALF, 3 * HALF), "a warpgroup a 64-row slice of the tile: 128 or 192 rows"
     chunk = min(chunk, -(-k // block_k) * block_k)
     chunks = -(-k // chunk)
     assert chunk % block_k == 0 and (chunks == 1 or block_n <= 128), "two fp32 64 x N tiles a thread: N <= 128"
-    ring = ring_depth(block_n, block_k, ring, chunks * (chunk // block_k))
-    # the first half issues at most a ring of blocks before the second frees a slot: it must signal within that
-    assert lag <= ring, f"lag {lag} must be at most the ring's {ring} slots"
-    return dict(GROUP_M=8, NUM_CHUNKS=chunks, CHUNK_BLOCKS=chunk // block_k, NUM_BUFFERS=ring, LAG=lag,
-                HALF_REGS=232, num_warps=4)
+    ring = ring_depth(block_m, block_n, block_k, ring, chunks * (chunk // block_k))
+    # the leading warpgroup issues at most a ring of blocks before the last frees a slot: each must signal within it
+    assert lag * (block_m // HALF - 1) <= ring, f"lags of {lag} blocks must fit the ring's {ring} slots"
+    # registers a consumer thread: two consumers 232 each (the default takes the rest); three must leave the loader's
+    # warpgroup 24 of 65,536: 160 (ptxas then spills ~820 bytes a thread: compile-only, Triton 3.6)
+    return dict(HALVES=block_m // HALF, GROUP_M=8, NUM_CHUNKS=chunks, CHUNK_BLOCKS=chunk // block_k,
+                NUM_BUFFERS=ring, LAG=lag, REGS=232 if block_m == 2 * HALF else 160, num_warps=4)
 
 
-def linear_ws(x: torch.Tensor, w: torch.Tensor, *, chunk: int, block_n: int = 128, block_k: int = 64, ring: int = 6,
-              lag: int = 3, programs: int = 0) -> torch.Tensor:
-    """`x @ w.T` (bf16, no bias) under the K partition `chunk`, by the warp-specialized kernel: `programs` (0: one a
-    tile, else at most that many, each running every so-many-th tile: persistent)."""
+def linear_ws(x: torch.Tensor, w: torch.Tensor, *, chunk: int, block_m: int = 128, block_n: int = 128,
+              block_k: int = 64, ring: int = 6, lag: int = 3, programs: int = 0) -> torch.Tensor:
+    """`x @ w.T` (bf16, no bias) under the K partition `chunk`, by the warp-specialized kernel in `block_m` (128 or
+    192) x `block_n` tiles: `programs` (0: one a tile, else at most that many, each running every so-many-th tile:
+    persistent)."""
     M, K = x.shape
     N = w.shape[0]
     out = x.new_empty((M, N))
     dt = gl.bfloat16
-    a = TensorDescriptor.from_tensor(x, [BLOCK_M, block_k], _layout(BLOCK_M, block_k, dt))
+    a = TensorDescriptor.from_tensor(x, [HALF, block_k], _layout(HALF, block_k, dt))
     b = TensorDescriptor.from_tensor(w, [block_n, block_k], _layout(block_n, block_k, dt))
     c = TensorDescriptor.from_tensor(out, [HALF, block_n], _layout(HALF, block_n, dt))
-    tiles = -(-M // BLOCK_M) * -(-N // block_n)
+    tiles = -(-M // block_m) * -(-N // block_n)
     grid = min(tiles, programs) if programs else tiles
-    ws_chunked_kernel[(grid,)](a, b, c, M, N, **meta(K, chunk, block_n, block_k, ring, lag))
+    ws_chunked_kernel[(grid,)](a, b, c, M, N, **meta(K, chunk, block_m, block_n, block_k, ring, lag))
     return out
 
 
 def compile_only(configs: list[tuple]) -> None:
-    """Registers, spill bytes and shared memory of each (k, chunk, block_n, block_k, ring, lag), for sm_90a."""
+    """Registers, spill bytes and shared memory of each (k, chunk, block_m, block_n, block_k, ring, lag), for
+    sm_90a."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    print(f"Triton {triton.__version__}, sm_90a: registers (the largest partition's) / spill bytes / shared bytes")
-    for k, chunk, block_n, block_k, ring, lag in configs:
-        m = meta(k, chunk, block_n, block_k, ring, lag)
+    print(f"Triton {triton.__version__}, sm_90a: registers at launch / spill bytes / shared bytes")
+    done = set()
+    for k, chunk, block_m, block_n, block_k, ring, lag in configs:
+        m = meta(k, chunk, block_m, block_n, block_k, ring, lag)
+        if tuple(m.items()) + (k, block_n) in done:  # (rings past what shared memory holds come out alike)
+            continue
+        done.add(tuple(m.items()) + (k, block_n))
         host = torch.empty(256, k, dtype=torch.bfloat16)
         descs = [TensorDescriptor.from_tensor(host, [r, c], _layout(r, c, gl.bfloat16))
-                 for r, c in ((BLOCK_M, block_k), (block_n, block_k), (HALF, block_n))]
+                 for r, c in ((HALF, block_k), (block_n, block_k), (HALF, block_n))]
         names = ws_chunked_kernel.arg_names
         signature = {n: mangle_type(d) for n, d in zip(names, descs)}
         signature.update(M="i32", N="i32")
@@ -229,8 +256,39 @@ def compile_only(configs: list[tuple]) -> None:
                                  capture_output=True, text=True, check=True).stderr
         regs = re.search(r"Used (\d+) registers", log).group(1)
         spill = re.search(r"(\d+) bytes spill stores", log)
-        print(f"k {k}, chunk {chunk} ({m['NUM_CHUNKS']}), 128 x {block_n} x {block_k}, ring {m['NUM_BUFFERS']}, "
+        print(f"k {k}, chunk {chunk} ({m['NUM_CHUNKS']}), {block_m} x {block_n} x {block_k}, ring {m['NUM_BUFFERS']}, "
               f"lag {lag}: {regs} / {spill.group(1) if spill else 0} / {kernel.metadata.shared}", flush=True)
+
+
+def variants(rings: list[int], lags: list[int]) -> list[tuple[int, int, int]]:
+    """(block_m, ring, lag) of each variant tried: 128- and 192-row tiles, each lag the ring leaves room for."""
+    out = []
+    for bm in (128, 192):
+        for ring in rings:
+            depth = ring_depth(bm, 128, 64, ring, 1 << 20)
+            out += [(bm, depth, lag) for lag in lags if lag * (bm // HALF - 1) <= depth]
+    return sorted(set(out))
+
+
+def smoke(cases: list[str], lags: list[int], rings: list[int]) -> None:
+    """Each variant once at M = 300 (three row tiles, the last one partial), one tile a program and persistent in
+    2 programs (several tiles each), against `linear`'s bits; each printed before it runs (a hang names itself)."""
+    from detent_rl.kernels.matmul import linear
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for case in cases:
+        n, k, chunk = CASES[case]
+        w = (torch.randn(n, k, generator=g, device="cuda") / k ** 0.5).to(torch.bfloat16)
+        x = torch.randn(300, k, generator=g, device="cuda").to(torch.bfloat16)
+        for part in (chunk, k):
+            ref = linear(x, w, None, chunk=part, parallel=False, block_m=64, block_n=64, block_k=64)
+            for bm, ring, lag in variants(rings, lags if part < k else [0]):
+                for programs in (0, 2):
+                    kw = dict(chunk=part, block_m=bm, ring=ring, lag=lag, programs=programs)
+                    print(f"{case} {kw}: ", end="", flush=True)
+                    out = linear_ws(x, w, **kw)
+                    torch.cuda.synchronize()
+                    print("=" if torch.equal(out, ref) else f"DIFF ({int((out != ref).sum())} outputs)", flush=True)
 
 
 def gpu(cases: list[str], ms: list[int], lags: list[int], rings: list[int]) -> None:
@@ -249,7 +307,8 @@ def gpu(cases: list[str], ms: list[int], lags: list[int], rings: list[int]) -> N
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; µs per call (CUDA-graph replays, cold "
           f"weights)")
     print("| case | M | cuBLAS | selected (default tuple) | sequential 128 x 128 (best) | K whole 128 x 128 / x 256 "
-          "(other bits) | warp-specialized (best: ring, lag, persistent) | ws / cuBLAS | bits | K whole differs |")
+          "(other bits) | warp-specialized (best: tile, ring, lag, persistent) | ws / cuBLAS | bits | "
+          "K whole differs |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     g = torch.Generator(device="cuda").manual_seed(0)
     for case in cases:
@@ -275,25 +334,25 @@ def gpu(cases: list[str], ms: list[int], lags: list[int], rings: list[int]) -> N
                                              num_buffers=4 if bn == 128 else 3, persistent=True)) for bn in (128, 256)]
             differs = not torch.equal(whole_all[:m], ref)
             each, errors = [], []
-            for ring in rings:
-                for lag in lags:
-                    for programs in (0, sms):
-                        kw = dict(chunk=chunk, ring=ring, lag=lag, programs=programs)
-                        try:
-                            out = linear_ws(x, w0, **kw)
-                        except Exception as e:  # noqa: BLE001 - a probe reports a variant that fails to build
-                            errors.append(f"{kw}: {type(e).__name__}: {str(e)[:300]}")
-                            continue
-                        if not torch.equal(out, ref):
-                            same = False
-                            errors.append(f"{kw}: {int((out != ref).sum())} of {ref.numel()} outputs differ")
-                        each.append((us(lambda: linear_ws(x, w(), **kw)), ring, lag, "P" if programs else ""))
-            best = min(each) if each else (float("nan"), None, None, "")
+            for bm, ring, lag in variants(rings, lags):
+                for programs in (0, sms):
+                    kw = dict(chunk=chunk, block_m=bm, ring=ring, lag=lag, programs=programs)
+                    try:
+                        out = linear_ws(x, w0, **kw)
+                    except Exception as e:  # noqa: BLE001 - a probe reports a variant that fails to build
+                        errors.append(f"{kw}: {type(e).__name__}: {str(e)[:300]}")
+                        continue
+                    if not torch.equal(out, ref):
+                        same = False
+                        errors.append(f"{kw}: {int((out != ref).sum())} of {ref.numel()} outputs differ")
+                    name = f"{bm}x128 r{ring} l{lag}{' P' if programs else ''}"
+                    each.append((us(lambda: linear_ws(x, w(), **kw)), name))
+            best = min(each) if each else (float("nan"), "none ran")
             print(f"| {case} | {m} | {cublas:.1f} | {selected:.1f} | {seq[0]:.1f} (ring {seq[1]}"
-                  f"{', P' if seq[2] else ''}) | {whole[0]:.1f} / {whole[1]:.1f} | {best[0]:.1f} (ring {best[1]}, "
-                  f"lag {best[2]}{', P' if best[3] else ''}) | {best[0] / cublas:.2f}x | {'=' if same else 'DIFF'} | "
+                  f"{', P' if seq[2] else ''}) | {whole[0]:.1f} / {whole[1]:.1f} | {best[0]:.1f} ({best[1]}) | "
+                  f"{best[0] / cublas:.2f}x | {'=' if same else 'DIFF'} | "
                   f"{'yes' if differs else 'NO (a weak check)'} |", flush=True)
-            print("    ws each (µs, ring, lag, P): " + ", ".join(f"{t:.1f} r{r} l{lag}{p}" for t, r, lag, p in each))
+            print("    ws each (µs, tile, ring, lag, P): " + ", ".join(f"{t:.1f} {name}" for t, name in each))
             for e in errors[:3]:
                 print("   ", e)
 
@@ -305,6 +364,8 @@ def main() -> None:
     ap.add_argument("--lags", default="0,2,4")
     ap.add_argument("--rings", default="5,6")
     ap.add_argument("--compile-only", action="store_true", help="sm_90a resources of each variant; no GPU needed")
+    ap.add_argument("--smoke", action="store_true", help="one call of each variant at M = 300, bits only (run it "
+                    "under `timeout` first: a wrong barrier phase hangs the GPU rather than failing)")
     args = ap.parse_args()
     lags, rings = [int(v) for v in args.lags.split(",")], [int(v) for v in args.rings.split(",")]
     cases = args.cases.split(",")
@@ -312,9 +373,13 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"gemm_ws_probe: --cases {unknown} unknown; known: {sorted(CASES)}")
     if args.compile_only:
-        compile_only([(CASES[c][1], CASES[c][2], 128, 64, ring, lag) for c in cases for ring in rings for lag in lags]
-                     + [(CASES[c][1], CASES[c][1], bn, 64, ring, 0) for c in cases for bn in (128, 256)
+        compile_only([(CASES[c][1], CASES[c][2], bm, 128, 64, ring, lag) for c in cases for bm in (128, 192)
+                      for ring in rings for lag in lags if lag * (bm // HALF - 1) <= ring]
+                     + [(CASES[c][1], CASES[c][1], 128, bn, 64, ring, 0) for c in cases for bn in (128, 256)
                         for ring in rings])
+        return
+    if args.smoke:
+        smoke(cases, lags, rings)
         return
     gpu(cases, [int(m) for m in args.ms.split(",")], lags, rings)
 
