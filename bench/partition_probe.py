@@ -164,7 +164,8 @@ def probe(args, sms: int, smem: int) -> list[dict]:
     from detent_rl.timing import cold_copies, graph_seconds
 
     us = lambda fn: graph_seconds(fn) * 1e6  # noqa: E731
-    start, results = time.monotonic(), []
+    start, results = time.monotonic(), list(args.done)
+    done = {(r["model"], r["site"], r["chunk"], r["m"]) for r in results}
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; µs per call (CUDA-graph replays, cold "
           f"weights); best: the grid's fastest form")
     print("| model | site | chunk | M | cuBLAS | selected (ratio) | best (ratio) | bits | cuBLAS= |")
@@ -183,6 +184,8 @@ def probe(args, sms: int, smem: int) -> list[dict]:
                 select = selector(dep, n, k, chunk)
                 ref = linear(big, w0, b, chunk=chunk, parallel=False, block_m=64, block_n=64, block_k=64)
                 for m in args.ms:
+                    if (model, name, chunk, m) in done:
+                        continue
                     if time.monotonic() - start > args.budget_s:
                         print(f"(--budget-s {args.budget_s} reached: {model} {name} chunk {chunk} from M = {m} on "
                               f"not timed)")
@@ -229,10 +232,20 @@ def main() -> None:
     ap.add_argument("--chunks", default="all", help="'all' (every legal partition) or a comma list, 0 = K whole")
     ap.add_argument("--ms", default=MS)
     ap.add_argument("--budget-s", type=float, default=540.0)
-    ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--json", help="also write the rows here (with --resume's)")
+    ap.add_argument("--resume", help="an earlier run's --json: its rows are kept and not timed again (a device call's "
+                    "limit: carry the file to the next call)")
     ap.add_argument("--plan", action="store_true", help="print each partition's selection and grid size; time nothing")
     args = ap.parse_args()
     args.ms = sorted(int(m) for m in args.ms.split(","))
+    args.done = []
+    if args.resume:
+        try:
+            with open(args.resume) as f:
+                args.done = json.load(f)
+            assert isinstance(args.done, list) and all({"model", "site", "chunk", "m"} <= set(r) for r in args.done)
+        except (OSError, ValueError, AssertionError) as e:
+            raise SystemExit(f"partition_probe: --resume {args.resume}: not an earlier run's --json rows ({e})")
     for model in args.models.split(","):
         if model not in MODELS:
             raise SystemExit(f"partition_probe: --models {model!r}: expected some of {sorted(MODELS)}")

@@ -59,5 +59,6 @@ def test_partition_probe_plan_runs_without_a_gpu_and_refuses_bad_arguments():
     assert any("chunk 8960 (1): 1: S" in line for line in lines)
     assert "--sites ['nope'] unknown" in run("--plan", "--sites", "nope").stderr
     assert "--models '7b'" in run("--plan", "--models", "7b").stderr
+    assert "--resume nope.json: not an earlier run's --json rows" in run("--plan", "--resume", "nope.json").stderr
     if not __import__("torch").cuda.is_available():
         assert "no CUDA device; --plan prints the plan without one" in run("--models", "0.5b").stderr
