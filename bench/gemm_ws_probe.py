@@ -270,6 +270,18 @@ def variants(rings: list[int], lags: list[int]) -> list[tuple[int, int, int]]:
     return sorted(set(out))
 
 
+def case_partitions(case: str, chunks: str, sms: int) -> list[int]:
+    """The case's partitions to time: the default tuple's, or legal ones (`partition_probe.partitions`)."""
+    import os
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from partition_probe import deployment, partitions
+
+    n, k, default = CASES[case]
+    if chunks == "default":
+        return [default]
+    return partitions(deployment("0.5b" if case.endswith("05") else "1.5b", sms, SMEM_BYTES), n, k, chunks)
+
+
 def smoke(cases: list[str], lags: list[int], rings: list[int]) -> None:
     """Each variant once at M = 300 (three row tiles, the last one partial), one tile a program and persistent in
     2 programs (several tiles each), against `linear`'s bits; each printed before it runs (a hang names itself)."""
@@ -291,7 +303,7 @@ def smoke(cases: list[str], lags: list[int], rings: list[int]) -> None:
                     print("=" if torch.equal(out, ref) else f"DIFF ({int((out != ref).sum())} outputs)", flush=True)
 
 
-def gpu(cases: list[str], ms: list[int], lags: list[int], rings: list[int]) -> None:
+def gpu(cases: list[str], ms: list[int], lags: list[int], rings: list[int], chunks: str) -> None:
     import os
 
     import torch.nn.functional as F
@@ -306,13 +318,13 @@ def gpu(cases: list[str], ms: list[int], lags: list[int], rings: list[int]) -> N
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; µs per call (CUDA-graph replays, cold "
           f"weights)")
-    print("| case | M | cuBLAS | selected (default tuple) | sequential 128 x 128 (best) | K whole 128 x 128 / x 256 "
+    print("| case | chunk | M | cuBLAS | selected | sequential 128 x 128 (best) | K whole 128 x 128 / x 256 "
           "(other bits) | warp-specialized (best: tile, ring, lag, persistent) | ws / cuBLAS | bits | "
           "K whole differs |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     g = torch.Generator(device="cuda").manual_seed(0)
-    for case in cases:
-        n, k, chunk = CASES[case]
+    for case, chunk in ((c, p) for c in cases for p in case_partitions(c, chunks, sms)):
+        n, k, _ = CASES[case]
         select = selector(deployment("0.5b" if case.endswith("05") else "1.5b", sms, SMEM_BYTES), n, k, chunk)
         w0 = (torch.randn(n, k, generator=g, device="cuda") / k ** 0.5).to(torch.bfloat16)
         w = cold_copies(w0)
@@ -334,7 +346,7 @@ def gpu(cases: list[str], ms: list[int], lags: list[int], rings: list[int]) -> N
                                              num_buffers=4 if bn == 128 else 3, persistent=True)) for bn in (128, 256)]
             differs = not torch.equal(whole_all[:m], ref)
             each, errors = [], []
-            for bm, ring, lag in variants(rings, lags):
+            for bm, ring, lag in variants(rings, lags if chunk < k else [0]):  # (K whole: nothing to stagger)
                 for programs in (0, sms):
                     kw = dict(chunk=chunk, block_m=bm, ring=ring, lag=lag, programs=programs)
                     try:
@@ -348,7 +360,7 @@ def gpu(cases: list[str], ms: list[int], lags: list[int], rings: list[int]) -> N
                     name = f"{bm}x128 r{ring} l{lag}{' P' if programs else ''}"
                     each.append((us(lambda: linear_ws(x, w(), **kw)), name))
             best = min(each) if each else (float("nan"), "none ran")
-            print(f"| {case} | {m} | {cublas:.1f} | {selected:.1f} | {seq[0]:.1f} (ring {seq[1]}"
+            print(f"| {case} | {chunk} | {m} | {cublas:.1f} | {selected:.1f} | {seq[0]:.1f} (ring {seq[1]}"
                   f"{', P' if seq[2] else ''}) | {whole[0]:.1f} / {whole[1]:.1f} | {best[0]:.1f} ({best[1]}) | "
                   f"{best[0] / cublas:.2f}x | {'=' if same else 'DIFF'} | "
                   f"{'yes' if differs else 'NO (a weak check)'} |", flush=True)
@@ -363,6 +375,8 @@ def main() -> None:
     ap.add_argument("--ms", default="512,1024,2048,8192")
     ap.add_argument("--lags", default="0,2,4")
     ap.add_argument("--rings", default="5,6")
+    ap.add_argument("--chunks", default="default", help="'default' (the default tuple's partition), 'all' (every "
+                    "legal one: bench/partition_probe.py) or a comma list of legal ones (0: K whole)")
     ap.add_argument("--compile-only", action="store_true", help="sm_90a resources of each variant; no GPU needed")
     ap.add_argument("--smoke", action="store_true", help="one call of each variant at M = 300, bits only (run it "
                     "under `timeout` first: a wrong barrier phase hangs the GPU rather than failing)")
@@ -378,10 +392,14 @@ def main() -> None:
                      + [(CASES[c][1], CASES[c][1], 128, bn, 64, ring, 0) for c in cases for bn in (128, 256)
                         for ring in rings])
         return
+    if not torch.cuda.is_available():
+        raise SystemExit("gemm_ws_probe: no CUDA device (an sm_90 GPU); --compile-only runs without one")
     if args.smoke:
         smoke(cases, lags, rings)
         return
-    gpu(cases, [int(m) for m in args.ms.split(",")], lags, rings)
+    for case in cases:  # a bad --chunks is refused before any GPU work
+        case_partitions(case, args.chunks, 132)
+    gpu(cases, [int(m) for m in args.ms.split(",")], lags, rings, args.chunks)
 
 
 if __name__ == "__main__":
