@@ -1,7 +1,7 @@
 """Probe: can one K partition serve both ends of a cut site? Each legal partition, decode to prefill, against cuBLAS.
 
-    python3 -P bench/partition_probe.py [--models 0.5b,1.5b] [--sites down] [--chunks all|640,1280,...]
-        [--ms 1,8,32,64,128,256,512,640,1024,2048,8192] [--budget-s 540] [--json PATH] [--plan]
+    python3 -P bench/partition_probe.py [--models 0.5b,1.5b] [--sites down] [--chunks all|640,1280,...] [--explore]
+        [--ms 1,8,32,64,128,256,512,640,1024,2048,8192] [--budget-s 540] [--json PATH] [--resume PATH] [--plan]
 
 A row's bits are fixed by its site's K partition (`chunk`), one value for every M: the default cuts the down
 projections into as many chunks as a decode call needs CTAs (0.5B: 8 of 640, 1.5B: 5 of 1,792), and at M >= 512
@@ -27,6 +27,8 @@ partition whose best meets both says the default's partition, or its schedule ta
 Times: CUDA-graph replays (`detent_rl.timing.graph_seconds`) over cold weight copies, median µs. `--budget-s`
 stops timing new rows past that many seconds and prints the summary of those done (a device call's limit).
 `--plan` prints, on any machine, each partition's selected schedule and grid size per M, and times nothing.
+`--explore` lets `--chunks` name cuts the program does not reach (e.g. the o or qkv projection in two chunks, so that
+a mid-M call could run split where K whole leaves the SMs idle): those are timed in the grid only.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from matmul_sweep import SITES  # noqa: E402  (name, n, k, bias) per model and s
 from detent_rl.kernels.commitment import CommitmentTuple  # noqa: E402
 from detent_rl.kernels.matmul import launch_params, linear  # noqa: E402
 from detent_rl.kernels.matmul_wgmma import tile_fits  # noqa: E402
+from detent_rl.kernels.programs.matmul import CHUNK_ALIGN  # noqa: E402
 from detent_rl.kernels.selections import Deployment, KernelSelections, site_key  # noqa: E402
 from detent_rl.models.builtin import BUILTINS  # noqa: E402
 
@@ -75,16 +78,22 @@ def deployment(model: str, num_sms: int, smem_bytes: int) -> Deployment:
                       smem_bytes=smem_bytes)
 
 
-def partitions(dep: Deployment, n: int, k: int, chunks: str) -> list[int]:
-    """The site's legal partitions (the selection program's candidates for `chunk`), or the listed ones (0: K whole),
-    each checked legal."""
-    legal = sorted(KernelSelections(dep).solution("matmul", n=n, k=k).candidates["chunk"])
+def legal_partitions(dep: Deployment, n: int, k: int) -> list[int]:
+    """The site's legal partitions: the selection program's candidates for `chunk`."""
+    return sorted(KernelSelections(dep).solution("matmul", n=n, k=k).candidates["chunk"])
+
+
+def partitions(dep: Deployment, n: int, k: int, chunks: str, explore: bool = False) -> list[int]:
+    """The site's legal partitions, or the listed ones (0: K whole), each checked legal; with `explore`, any whole
+    number of CHUNK_ALIGN blocks up to K (a partition the program does not reach yet: no `selected` for it)."""
+    legal = legal_partitions(dep, n, k)
     if chunks == "all":
         return legal
     asked = [int(c) or k for c in chunks.split(",")]
-    bad = [c for c in asked if c not in legal]
+    bad = [c for c in asked if ((c % CHUNK_ALIGN or not 0 < c <= k) if explore else c not in legal)]
     if bad:
-        raise SystemExit(f"partition_probe: --chunks {bad} not legal for n={n}, k={k}; legal: {legal}")
+        allowed = f"multiples of {CHUNK_ALIGN} up to {k}" if explore else f"legal: {legal}"
+        raise SystemExit(f"partition_probe: --chunks {bad} not legal for n={n}, k={k}; {allowed}")
     return asked
 
 
@@ -127,6 +136,7 @@ def describe(params: dict) -> str:
 def worst(rows: list[dict], key: str, end: int) -> float:
     """The largest ratio to cuBLAS among the rows at that end (M <= 64, or M >= 512)."""
     picked = [r[key] / r["cublas"] for r in rows if (r["m"] <= end if end == SMALL_M else r["m"] >= end)]
+    picked = [p for p in picked if p == p]  # (no `selected` for a partition the program does not reach: NaN)
     return max(picked) if picked else float("nan")
 
 
@@ -152,10 +162,10 @@ def plan(args, sms: int, smem: int) -> None:
         for name, n, k, _ in SITES[model]:
             if name not in args.sites.split(","):
                 continue
-            for chunk in partitions(dep, n, k, args.chunks):
-                select = selector(dep, n, k, chunk)
-                cells = [f"{m}: {describe(launch_params(select(m)))} +{len(grid(m, n, k, chunk, sms, True))}"
-                         for m in args.ms]
+            for chunk in partitions(dep, n, k, args.chunks, args.explore):
+                select = selector(dep, n, k, chunk) if chunk in legal_partitions(dep, n, k) else None
+                cells = [f"{m}: {describe(launch_params(select(m))) if select else 'not selectable'} "
+                         f"+{len(grid(m, n, k, chunk, sms, True))}" for m in args.ms]
                 print(f"{model} {name} {k}->{n} chunk {chunk} ({-(-k // chunk)}): " + ", ".join(cells))
 
 
@@ -180,8 +190,8 @@ def probe(args, sms: int, smem: int) -> list[dict]:
             w = cold_copies(w0)
             b = torch.randn(n, generator=g, device="cuda").to(torch.bfloat16) if has_bias else None
             big = torch.randn(max(args.ms), k, generator=g, device="cuda").to(torch.bfloat16)
-            for chunk in partitions(dep, n, k, args.chunks):
-                select = selector(dep, n, k, chunk)
+            for chunk in partitions(dep, n, k, args.chunks, args.explore):
+                select = selector(dep, n, k, chunk) if chunk in legal_partitions(dep, n, k) else None
                 ref = linear(big, w0, b, chunk=chunk, parallel=False, block_m=64, block_n=64, block_k=64)
                 for m in args.ms:
                     if (model, name, chunk, m) in done:
@@ -192,8 +202,8 @@ def probe(args, sms: int, smem: int) -> list[dict]:
                         return results
                     x = big[:m]
                     cublas = us(lambda: torch.nn.functional.linear(x, w(), b))
-                    chosen = launch_params(select(m))
-                    forms = [("selected " + describe(chosen), chosen)]
+                    chosen = launch_params(select(m)) if select else None
+                    forms = [("selected " + describe(chosen), chosen)] if select else []
                     forms += grid(m, n, k, chunk, sms, applies(x, w0, 64))
                     times, same, errors = {}, True, []
                     for label, kw in forms:
@@ -209,14 +219,15 @@ def probe(args, sms: int, smem: int) -> list[dict]:
                     if not times:
                         print(f"| {model} | {name} | {chunk} | {m} | {cublas:.1f} | no form ran: {errors[:2]} |")
                         continue
-                    selected = times.get(forms[0][0], float("nan"))
+                    label0 = forms[0][0] if select else "selected: not selectable"
+                    selected = times.get(label0, float("nan"))
                     best_label = min(times, key=times.get)
                     cublas_equal = torch.equal(torch.nn.functional.linear(x, w0, b), ref[:m])
                     results.append(dict(model=model, site=name, n=n, k=k, chunk=chunk, m=m, cublas=cublas,
-                                        selected=selected, selected_form=forms[0][0], best=times[best_label],
+                                        selected=selected, selected_form=label0, best=times[best_label],
                                         best_form=best_label, bits=same, cublas_equal=cublas_equal,
                                         each=times))
-                    print(f"| {model} | {name} | {chunk} | {m} | {cublas:.1f} | {selected:.1f} {forms[0][0][9:]} "
+                    print(f"| {model} | {name} | {chunk} | {m} | {cublas:.1f} | {selected:.1f} {label0[9:]} "
                           f"({selected / cublas:.2f}x) | {times[best_label]:.1f} {best_label} "
                           f"({times[best_label] / cublas:.2f}x) | {'=' if same else 'DIFF'} | "
                           f"{'=' if cublas_equal else 'differs'} |", flush=True)
@@ -232,6 +243,8 @@ def main() -> None:
     ap.add_argument("--chunks", default="all", help="'all' (every legal partition) or a comma list, 0 = K whole")
     ap.add_argument("--ms", default=MS)
     ap.add_argument("--budget-s", type=float, default=540.0)
+    ap.add_argument("--explore", action="store_true", help="--chunks may name partitions the selection program "
+                    "does not reach (any multiple of 128 up to K): timed in the grid only")
     ap.add_argument("--json", help="also write the rows here (with --resume's)")
     ap.add_argument("--resume", help="an earlier run's --json: its rows are kept and not timed again (a device call's "
                     "limit: carry the file to the next call)")

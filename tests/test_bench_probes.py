@@ -33,6 +33,11 @@ def test_partition_probe_plans_every_legal_partition_with_forms_that_fit_it():
     assert probe.partitions(dep, 896, 4864, "2432,0") == [2432, 4864]
     with pytest.raises(SystemExit, match=r"--chunks \[1000\] not legal for n=896, k=4864; legal: \[640"):
         probe.partitions(dep, 896, 4864, "1000")
+    # --explore: a cut the program does not reach (the o projection is never cut), timed in the grid only
+    assert probe.legal_partitions(dep, 896, 896) == [896]
+    assert probe.partitions(dep, 896, 896, "384,0", explore=True) == [384, 896]
+    with pytest.raises(SystemExit, match=r"\[1000\] not legal for n=896, k=896; multiples of 128 up to 896"):
+        probe.partitions(dep, 896, 896, "1000", explore=True)
     for chunk in legal:
         selected = probe.selector(dep, 896, 4864, chunk)
         assert {selected(m).chunk for m in (1, 256, 8192)} == {chunk}  # the pin holds at every M
@@ -57,6 +62,8 @@ def test_partition_probe_plan_runs_without_a_gpu_and_refuses_bad_arguments():
     lines = [line for line in plan.stdout.splitlines() if line.startswith("1.5b down 8960->1536 chunk")]
     assert len(lines) >= 3 and any("chunk 1792 (5): 1: P16x64x128" in line for line in lines)
     assert any("chunk 8960 (1): 1: S" in line for line in lines)
+    explored = run("--plan", "--models", "1.5b", "--sites", "o", "--chunks", "768", "--explore", "--ms", "1")
+    assert "1.5b o 1536->1536 chunk 768 (2): 1: not selectable +" in explored.stdout, explored.stderr
     assert "--sites ['nope'] unknown" in run("--plan", "--sites", "nope").stderr
     assert "--models '7b'" in run("--plan", "--models", "7b").stderr
     assert "--resume nope.json: not an earlier run's --json rows" in run("--plan", "--resume", "nope.json").stderr
