@@ -154,6 +154,7 @@ def ws_chunked_kernel(a_desc, b_desc, c_desc, M, N, HALVES: gl.constexpr, GROUP_
         mbarrier.init(empty.index(s), count=HALVES)  # every warpgroup done with the slot
     for s in gl.static_range(HALVES - 1):
         mbarrier.init(starts.index(s), count=1)
+    fence_async_shared()  # the initialised barriers seen by TMA's completions (the async proxy)
     # (a warp_specialize argument is a tensor, a descriptor or a constexpr: no plain int; no tuple arithmetic)
     gl.static_assert(HALF == 64, "a warpgroup's 64 rows")
     row0: gl.constexpr = 0
