@@ -236,7 +236,7 @@ def probe(args, sms: int, smem: int) -> list[dict]:
     return results
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="0.5b,1.5b")
     ap.add_argument("--sites", default="down")
@@ -249,7 +249,7 @@ def main() -> None:
     ap.add_argument("--resume", help="an earlier run's --json: its rows are kept and not timed again (a device call's "
                     "limit: carry the file to the next call)")
     ap.add_argument("--plan", action="store_true", help="print each partition's selection and grid size; time nothing")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     args.ms = sorted(int(m) for m in args.ms.split(","))
     args.done = []
     if args.resume:

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).parent.parent / "bench"
 
@@ -54,18 +56,20 @@ def test_partition_probe_plans_every_legal_partition_with_forms_that_fit_it():
     assert not any(kw.get("wgmma") for _, kw in probe.grid(8192, 896, 4864, 640, 132, wgmma=False))
 
 
-def test_partition_probe_plan_runs_without_a_gpu_and_refuses_bad_arguments():
-    script = str(BENCH / "partition_probe.py")
-    run = lambda *a: subprocess.run([sys.executable, "-P", script, *a], capture_output=True, text=True)  # noqa: E731
-    plan = run("--plan", "--models", "1.5b", "--ms", "1,2048")
+def test_partition_probe_plan_runs_without_a_gpu_and_refuses_bad_arguments(capsys):
+    plan = subprocess.run([sys.executable, "-P", str(BENCH / "partition_probe.py"), "--plan", "--models", "1.5b",
+                           "--ms", "1,2048"], capture_output=True, text=True)  # the script as the device runs it
     assert plan.returncode == 0, plan.stderr
     lines = [line for line in plan.stdout.splitlines() if line.startswith("1.5b down 8960->1536 chunk")]
     assert len(lines) >= 3 and any("chunk 1792 (5): 1: P16x64x128" in line for line in lines)
     assert any("chunk 8960 (1): 1: S" in line for line in lines)
-    explored = run("--plan", "--models", "1.5b", "--sites", "o", "--chunks", "768", "--explore", "--ms", "1")
-    assert "1.5b o 1536->1536 chunk 768 (2): 1: not selectable +" in explored.stdout, explored.stderr
-    assert "--sites ['nope'] unknown" in run("--plan", "--sites", "nope").stderr
-    assert "--models '7b'" in run("--plan", "--models", "7b").stderr
-    assert "--resume nope.json: not an earlier run's --json rows" in run("--plan", "--resume", "nope.json").stderr
-    if not __import__("torch").cuda.is_available():
-        assert "no CUDA device; --plan prints the plan without one" in run("--models", "0.5b").stderr
+    probe = load("partition_probe")
+    probe.main(["--plan", "--models", "1.5b", "--sites", "o", "--chunks", "768", "--explore", "--ms", "1"])
+    assert "1.5b o 1536->1536 chunk 768 (2): 1: not selectable +" in capsys.readouterr().out
+    refused = [(["--plan", "--sites", "nope"], "--sites ['nope'] unknown"), (["--plan", "--models", "7b"], "'7b'"),
+               (["--plan", "--resume", "nope.json"], "--resume nope.json: not an earlier run's --json rows")]
+    if not torch.cuda.is_available():
+        refused.append((["--models", "0.5b"], "no CUDA device; --plan prints the plan without one"))
+    for argv, message in refused:
+        with pytest.raises(SystemExit, match=re.escape(message)):
+            probe.main(argv)
