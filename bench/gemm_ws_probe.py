@@ -20,7 +20,8 @@ the partition's chunk ends keep us from: another partition, other bits); and thi
 (lag 0: the two warpgroups free to run in step). Every output of the partition is compared with `linear`'s bit for
 bit; K whole is the control (it must differ, or the comparison proves nothing). Times: CUDA-graph replays over
 cold weight copies, median µs. `--compile-only` compiles the kernel for sm_90a with ptxas on any machine (Triton
-3.6's Gluon, as on the device): registers, spill bytes, shared memory.
+3.6's Gluon, as on the device): registers, spill bytes, shared memory. `bench/ws_protocol_check.py` model-checks the
+partitions' barrier protocol on the CPU (no deadlock, no slot overwritten in use); keep it in step with the kernel.
 """
 from __future__ import annotations
 

@@ -73,3 +73,16 @@ def test_partition_probe_plan_runs_without_a_gpu_and_refuses_bad_arguments(capsy
     for argv, message in refused:
         with pytest.raises(SystemExit, match=re.escape(message)):
             probe.main(argv)
+
+
+def test_the_warp_specialized_probes_barrier_protocol_holds_and_its_check_sees_each_mutation(capsys):
+    """`bench/ws_protocol_check.py`: the protocol of `bench/gemm_ws_probe.py`'s partitions (loader, warpgroups,
+    mbarrier phases) neither deadlocks nor overwrites a slot in use, over random schedules; each mutation of it is
+    reported (the check's control)."""
+    check = load("ws_protocol_check")
+    check.main(["--seeds", "1"])
+    assert ", 0 failed (mutation: none)" in capsys.readouterr().out
+    for mutation in ("no-fold-release", "short-count", "long-lag"):
+        check.main(["--seeds", "1", "--mutation", mutation])  # (exits if the mutation went unseen)
+        out = capsys.readouterr().out
+        assert " 0 failed" not in out and f"(mutation: {mutation})" in out
