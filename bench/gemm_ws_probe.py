@@ -1,37 +1,31 @@
-"""Probe: the K partition's sequential form with warp specialization, its two warpgroups' chunk ends apart in time.
+"""Probe: the K partition's sequential form with warp specialization, its warpgroups' chunk ends apart in time.
 
-    python3 -P bench/gemm_ws_probe.py [--cases down05,down15] [--ms 512,1024,2048,8192]      # GPU: bits, then times
-    python -P bench/gemm_ws_probe.py --compile-only                                          # CPU: sm_90a resources
+    python3 -P bench/gemm_ws_probe.py [--cases down05,down15,qkv05,...] [--ms 512,1024,2048,8192] [--chunks ...]
+    python3 -P bench/gemm_ws_probe.py --smoke        # GPU, first, under `timeout`: a wrong barrier phase hangs
+    python -P bench/gemm_ws_probe.py --compile-only  # any machine with Triton 3.6: sm_90a registers, spills, smem
 
-Where K is cut into chunks, `matmul_wgmma`'s kernel waits at each chunk's end for the chunk's MMAs before the
-running total takes the sum: both warpgroups of a 128-row tile wait at once and the tensor cores idle (4-21 % of
-the down projections' time at M >= 2,048, H200, session 31; a third accumulator to overlap the wait spilled). Here
-one warp loads the ring by TMA and each 64-row half of the tile has its own warpgroup (`gl.warp_specialize`):
-each sums its rows' chunks exactly as `linear` does (a fresh accumulator a chunk, the sums added in chunk order),
-so the bits are the partition's, but the second warpgroup starts `lag` K blocks behind the first, so that while
-one waits at a chunk's end the other's MMAs keep the tensor cores busy. The ring's slots are freed when both
-warpgroups are done with them, which keeps the two at most a ring apart. A 192-row tile (three warpgroups, each
-`lag` behind the one before) is tried too: the 1.5B down projection at M = 2,048 is 132 such tiles on 132
-multiprocessors, where 128-row tiles number 192 (1.45 waves: session 31's 1.31x cuBLAS even with K whole).
+Where K is cut into chunks, `matmul_wgmma`'s kernel waits at each chunk's end for that chunk's MMAs before the total
+takes the sum; both warpgroups of a 128-row tile wait at once and the tensor cores idle (4-21 % of the down
+projections' time at M >= 2,048, session 31). Here one warp loads the TMA ring and each 64-row slice of the tile has
+its own warpgroup (`gl.warp_specialize`), summing its rows exactly as `linear` does (a fresh accumulator a chunk,
+the sums added in order, then the bias, one rounding): the partition's bits. Each warpgroup starts `lag` K blocks
+behind the one before, so that while one waits the others' MMAs run; a slot is freed when every warpgroup is done
+with it. 192-row tiles (three warpgroups) too: the 1.5B down projection at M = 2,048 is 132 of them, against 192
+tiles of 128 rows (1.45 waves). K-whole sites (one accumulator) also get 128 x 256 tiles.
 
-For each case and M: cuBLAS; `linear`'s own selection for the default partition (`matmul_program`); the current
-sequential form (`linear_wgmma`, 128 x 128, the best ring, persistent or not); K whole in the same tile (the bound
-the partition's chunk ends keep us from: another partition, other bits); and this kernel at a few lags and rings
-(lag 0: the two warpgroups free to run in step). Every output of the partition is compared with `linear`'s bit for
-bit; K whole is the control (it must differ, or the comparison proves nothing). Times: CUDA-graph replays over
-cold weight copies, median µs. `--compile-only` compiles the kernel for sm_90a with ptxas on any machine (Triton
-3.6's Gluon, as on the device): registers, spill bytes, shared memory. `bench/ws_protocol_check.py` model-checks the
-partitions' barrier protocol on the CPU (no deadlock, no slot overwritten in use); keep it in step with the kernel.
+Per case, partition and M: cuBLAS, the selection, the current sequential form, K whole (another partition: the
+bound), and every variant of this kernel, each output compared bit for bit with `linear`'s; control: K whole (or,
+where K is whole, cuBLAS) must differ. CUDA-graph replays over cold weight copies, median µs.
+`bench/ws_protocol_check.py` model-checks the barrier protocol on the CPU; keep it in step with the kernel.
 """
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
+import os
 import sys
-import tempfile
 
 import torch
+import torch.nn.functional as F
 
 try:
     from triton.experimental import gluon
@@ -42,9 +36,19 @@ try:
 except ImportError as e:  # a Triton without Gluon's Hopper API
     sys.exit(f"gemm_ws_probe: needs Triton's Gluon (3.6 or later): {e}")
 
+from detent_rl.kernels.matmul import launch_params, linear
 from detent_rl.kernels.matmul_wgmma import _tile_offsets
+from detent_rl.kernels.matmul_wgmma_plan import linear_wgmma
+from detent_rl.timing import cold_copies, graph_seconds
 
-CASES = {"down05": (896, 4864, 640), "down15": (1536, 8960, 1792)}  # n, k, the default tuple's chunk
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from partition_probe import deployment, partitions, selector  # noqa: E402
+from sm90_compile import ptxas_resources  # noqa: E402
+
+CASES = {  # n, k, the default tuple's chunk, bias: the cut sites, then K-whole ones (one accumulator: 256 columns fit)
+    "down05": (896, 4864, 640, False), "down15": (1536, 8960, 1792, False),
+    "qkv05": (1152, 896, 896, True), "o05": (896, 896, 896, False), "gate_up05": (9728, 896, 896, False),
+    "qkv15": (2048, 1536, 1536, True), "o15": (1536, 1536, 1536, False)}
 HALF = 64  # a warpgroup's rows of a tile
 SMEM_BYTES = 227 * 1024
 
@@ -75,7 +79,8 @@ def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, GROUP_M:
 
 
 @gluon.jit
-def _half_partition(a_bufs, b_bufs, ready, empty, starts, c_desc, c_buf, M, N, ROW: gl.constexpr,
+def _half_partition(a_bufs, b_bufs, ready, empty, starts, c_desc, c_buf, bias_ptr, M, N, HAS_BIAS: gl.constexpr,
+                    ROW: gl.constexpr,
                     GROUP_M: gl.constexpr, NUM_CHUNKS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr,
                     NUM_BUFFERS: gl.constexpr, LAG: gl.constexpr):
     """One warpgroup: rows ROW..ROW+63 of each of this program's tiles, its chunk sums added in chunk order. The
@@ -126,6 +131,9 @@ def _half_partition(a_bufs, b_bufs, ready, empty, starts, c_desc, c_buf, M, N, R
             total = acc
         else:
             total = total + acc
+        if HAS_BIAS:  # after the chunk sums, before the one rounding: `linear`'s order
+            offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+            total = total + gl.expand_dims(gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32), 0)
         tma.store_wait(pendings=0)  # the previous tile's store has read the buffer
         c_buf.store(total.to(c_desc.dtype))
         fence_async_shared()
@@ -134,7 +142,8 @@ def _half_partition(a_bufs, b_bufs, ready, empty, starts, c_desc, c_buf, M, N, R
 
 
 @gluon.jit
-def ws_chunked_kernel(a_desc, b_desc, c_desc, M, N, HALVES: gl.constexpr, GROUP_M: gl.constexpr,
+def ws_chunked_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, HAS_BIAS: gl.constexpr, HALVES: gl.constexpr,
+                      GROUP_M: gl.constexpr,
                       NUM_CHUNKS: gl.constexpr, CHUNK_BLOCKS: gl.constexpr, NUM_BUFFERS: gl.constexpr,
                       LAG: gl.constexpr, REGS: gl.constexpr):
     """out (c_desc: 64-row blocks) = a @ b^T under the K partition (NUM_CHUNKS chunks of CHUNK_BLOCKS K blocks) in
@@ -163,20 +172,20 @@ def ws_chunked_kernel(a_desc, b_desc, c_desc, M, N, HALVES: gl.constexpr, GROUP_
     row2: gl.constexpr = 128
     if HALVES == 2:
         gl.warp_specialize([
-            (_half_partition, (a_bufs, b_bufs, ready, empty, starts, c_desc, c_bufs.index(0), M, N, row0, GROUP_M,
-                               NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS, LAG)),
-            (_half_partition, (a_bufs, b_bufs, ready, empty, starts, c_desc, c_bufs.index(1), M, N, row1, GROUP_M,
-                               NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS, LAG)),
+            (_half_partition, (a_bufs, b_bufs, ready, empty, starts, c_desc, c_bufs.index(0), bias_ptr, M, N,
+                               HAS_BIAS, row0, GROUP_M, NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS, LAG)),
+            (_half_partition, (a_bufs, b_bufs, ready, empty, starts, c_desc, c_bufs.index(1), bias_ptr, M, N,
+                               HAS_BIAS, row1, GROUP_M, NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS, LAG)),
             (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, GROUP_M, NUM_K, NUM_BUFFERS))],
             [4, 1], [REGS, 40])
     else:
         gl.warp_specialize([
-            (_half_partition, (a_bufs, b_bufs, ready, empty, starts, c_desc, c_bufs.index(0), M, N, row0, GROUP_M,
-                               NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS, LAG)),
-            (_half_partition, (a_bufs, b_bufs, ready, empty, starts, c_desc, c_bufs.index(1), M, N, row1, GROUP_M,
-                               NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS, LAG)),
-            (_half_partition, (a_bufs, b_bufs, ready, empty, starts, c_desc, c_bufs.index(2), M, N, row2, GROUP_M,
-                               NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS, LAG)),
+            (_half_partition, (a_bufs, b_bufs, ready, empty, starts, c_desc, c_bufs.index(0), bias_ptr, M, N,
+                               HAS_BIAS, row0, GROUP_M, NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS, LAG)),
+            (_half_partition, (a_bufs, b_bufs, ready, empty, starts, c_desc, c_bufs.index(1), bias_ptr, M, N,
+                               HAS_BIAS, row1, GROUP_M, NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS, LAG)),
+            (_half_partition, (a_bufs, b_bufs, ready, empty, starts, c_desc, c_bufs.index(2), bias_ptr, M, N,
+                               HAS_BIAS, row2, GROUP_M, NUM_CHUNKS, CHUNK_BLOCKS, NUM_BUFFERS, LAG)),
             (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, GROUP_M, NUM_K, NUM_BUFFERS))],
             [4, 4, 1], [REGS, REGS, 24])
 
@@ -199,15 +208,14 @@ def meta(k: int, chunk: int, block_m: int, block_n: int, block_k: int, ring: int
     ring = ring_depth(block_m, block_n, block_k, ring, chunks * (chunk // block_k))
     # the leading warpgroup issues at most a ring of blocks before the last frees a slot: each must signal within it
     assert lag * (block_m // HALF - 1) <= ring, f"lags of {lag} blocks must fit the ring's {ring} slots"
-    # registers a consumer thread: two consumers 232 each (the default takes the rest); three must leave the loader's
-    # warpgroup 24 of 65,536: 160 (ptxas then spills ~820 bytes a thread: compile-only, Triton 3.6)
+    # a consumer's registers: 232 for two (the default takes the rest); three at 160 leave the loader 24 (ptxas spills)
     return dict(HALVES=block_m // HALF, GROUP_M=8, NUM_CHUNKS=chunks, CHUNK_BLOCKS=chunk // block_k,
                 NUM_BUFFERS=ring, LAG=lag, REGS=232 if block_m == 2 * HALF else 160, num_warps=4)
 
 
-def linear_ws(x: torch.Tensor, w: torch.Tensor, *, chunk: int, block_m: int = 128, block_n: int = 128,
-              block_k: int = 64, ring: int = 6, lag: int = 3, programs: int = 0) -> torch.Tensor:
-    """`x @ w.T` (bf16, no bias) under the K partition `chunk`, by the warp-specialized kernel in `block_m` (128 or
+def linear_ws(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, chunk: int, block_m: int = 128,
+              block_n: int = 128, block_k: int = 64, ring: int = 6, lag: int = 3, programs: int = 0) -> torch.Tensor:
+    """`x @ w.T + bias` (bf16) under the K partition `chunk`, by the warp-specialized kernel in `block_m` (128 or
     192) x `block_n` tiles: `programs` (0: one a tile, else at most that many, each running every so-many-th tile:
     persistent)."""
     M, K = x.shape
@@ -219,23 +227,23 @@ def linear_ws(x: torch.Tensor, w: torch.Tensor, *, chunk: int, block_m: int = 12
     c = TensorDescriptor.from_tensor(out, [HALF, block_n], _layout(HALF, block_n, dt))
     tiles = -(-M // block_m) * -(-N // block_n)
     grid = min(tiles, programs) if programs else tiles
-    ws_chunked_kernel[(grid,)](a, b, c, M, N, **meta(K, chunk, block_m, block_n, block_k, ring, lag))
+    ws_chunked_kernel[(grid,)](a, b, c, out if bias is None else bias, M, N, HAS_BIAS=bias is not None,
+                               **meta(K, chunk, block_m, block_n, block_k, ring, lag))
     return out
 
 
 def compile_only(configs: list[tuple]) -> None:
-    """Registers, spill bytes and shared memory of each (k, chunk, block_m, block_n, block_k, ring, lag), for
+    """Registers, spill bytes and shared memory of each (k, chunk, block_m, block_n, block_k, ring, lag, bias), for
     sm_90a."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
     print(f"Triton {triton.__version__}, sm_90a: registers at launch / spill bytes / shared bytes")
     done = set()
-    for k, chunk, block_m, block_n, block_k, ring, lag in configs:
-        m = meta(k, chunk, block_m, block_n, block_k, ring, lag)
+    for k, chunk, block_m, block_n, block_k, ring, lag, bias in configs:
+        m = dict(meta(k, chunk, block_m, block_n, block_k, ring, lag), HAS_BIAS=bias)
         if tuple(m.items()) + (k, block_n) in done:  # (rings past what shared memory holds come out alike)
             continue
         done.add(tuple(m.items()) + (k, block_n))
@@ -243,42 +251,32 @@ def compile_only(configs: list[tuple]) -> None:
         descs = [TensorDescriptor.from_tensor(host, [r, c], _layout(r, c, gl.bfloat16))
                  for r, c in ((HALF, block_k), (block_n, block_k), (HALF, block_n))]
         names = ws_chunked_kernel.arg_names
-        signature = {n: mangle_type(d) for n, d in zip(names, descs)}
-        signature.update(M="i32", N="i32")
+        signature = dict({n: mangle_type(d) for n, d in zip(names, descs)}, bias_ptr="*bf16", M="i32", N="i32")
         constexprs = {}
         for i, name in enumerate(names):
             if name in m:
                 signature[name], constexprs[(i,)] = "constexpr", m[name]
-        src = GluonASTSource(ws_chunked_kernel, signature, constexprs=constexprs, attrs={})
-        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=m["num_warps"]))
-        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
-            ptx.write(kernel.asm["ptx"])
-            ptx.flush()
-            log = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", ptx.name, "-o", "/dev/null"],
-                                 capture_output=True, text=True, check=True).stderr
-        regs = re.search(r"Used (\d+) registers", log).group(1)
-        spill = re.search(r"(\d+) bytes spill stores", log)
+        kernel = triton.compile(GluonASTSource(ws_chunked_kernel, signature, constexprs=constexprs, attrs={}),
+                                target=GPUTarget("cuda", 90, 32), options=dict(num_warps=m["num_warps"]))
+        regs, spill, shared = ptxas_resources(kernel)
         print(f"k {k}, chunk {chunk} ({m['NUM_CHUNKS']}), {block_m} x {block_n} x {block_k}, ring {m['NUM_BUFFERS']}, "
-              f"lag {lag}: {regs} / {spill.group(1) if spill else 0} / {kernel.metadata.shared}", flush=True)
+              f"lag {lag}{', bias' if bias else ''}: {regs} / {spill} / {shared}", flush=True)
 
 
-def variants(rings: list[int], lags: list[int]) -> list[tuple[int, int, int]]:
-    """(block_m, ring, lag) of each variant tried: 128- and 192-row tiles, each lag the ring leaves room for."""
+def variants(rings: list[int], lags: list[int], whole: bool) -> list[tuple[int, int, int, int]]:
+    """(block_m, block_n, ring, lag) of each variant tried: 128- and 192-row tiles of 128 columns, each lag the ring
+    leaves room for; where K is whole (one accumulator), 128 x 256 tiles too."""
     out = []
-    for bm in (128, 192):
+    for bm, bn in ((128, 128), (192, 128)) + (((128, 256),) if whole else ()):
         for ring in rings:
-            depth = ring_depth(bm, 128, 64, ring, 1 << 20)
-            out += [(bm, depth, lag) for lag in lags if lag * (bm // HALF - 1) <= depth]
+            depth = ring_depth(bm, bn, 64, ring, 1 << 20)
+            out += [(bm, bn, depth, lag) for lag in lags if lag * (bm // HALF - 1) <= depth]
     return sorted(set(out))
 
 
 def case_partitions(case: str, chunks: str, sms: int) -> list[int]:
     """The case's partitions to time: the default tuple's, or legal ones (`partition_probe.partitions`)."""
-    import os
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from partition_probe import deployment, partitions
-
-    n, k, default = CASES[case]
+    n, k, default, _ = CASES[case]
     if chunks == "default":
         return [default]
     return partitions(deployment("0.5b" if case.endswith("05") else "1.5b", sms, SMEM_BYTES), n, k, chunks)
@@ -287,80 +285,70 @@ def case_partitions(case: str, chunks: str, sms: int) -> list[int]:
 def smoke(cases: list[str], lags: list[int], rings: list[int]) -> None:
     """Each variant once at M = 300 (three row tiles, the last one partial), one tile a program and persistent in
     2 programs (several tiles each), against `linear`'s bits; each printed before it runs (a hang names itself)."""
-    from detent_rl.kernels.matmul import linear
-
     g = torch.Generator(device="cuda").manual_seed(0)
     for case in cases:
-        n, k, chunk = CASES[case]
+        n, k, chunk, has_bias = CASES[case]
         w = (torch.randn(n, k, generator=g, device="cuda") / k ** 0.5).to(torch.bfloat16)
         x = torch.randn(300, k, generator=g, device="cuda").to(torch.bfloat16)
-        for part in (chunk, k):
-            ref = linear(x, w, None, chunk=part, parallel=False, block_m=64, block_n=64, block_k=64)
-            for bm, ring, lag in variants(rings, lags if part < k else [0]):
+        b = torch.randn(n, generator=g, device="cuda").to(torch.bfloat16) if has_bias else None
+        for part in sorted({chunk, k}):
+            ref = linear(x, w, b, chunk=part, parallel=False, block_m=64, block_n=64, block_k=64)
+            for bm, bn, ring, lag in variants(rings, lags if part < k else [0], part >= k):
                 for programs in (0, 2):
-                    kw = dict(chunk=part, block_m=bm, ring=ring, lag=lag, programs=programs)
+                    kw = dict(chunk=part, block_m=bm, block_n=bn, ring=ring, lag=lag, programs=programs)
                     print(f"{case} {kw}: ", end="", flush=True)
-                    out = linear_ws(x, w, **kw)
+                    out = linear_ws(x, w, b, **kw)
                     torch.cuda.synchronize()
                     print("=" if torch.equal(out, ref) else f"DIFF ({int((out != ref).sum())} outputs)", flush=True)
 
 
 def gpu(cases: list[str], ms: list[int], lags: list[int], rings: list[int], chunks: str) -> None:
-    import os
-
-    import torch.nn.functional as F
-
-    from detent_rl.kernels.matmul import launch_params, linear
-    from detent_rl.kernels.matmul_wgmma_plan import linear_wgmma
-    from detent_rl.timing import cold_copies, graph_seconds
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from partition_probe import deployment, selector
 
     us = lambda fn: graph_seconds(fn) * 1e6  # noqa: E731
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; µs per call (CUDA-graph replays, cold "
           f"weights)")
-    print("| case | chunk | M | cuBLAS | selected | sequential 128 x 128 (best) | K whole 128 x 128 / x 256 "
-          "(other bits) | warp-specialized (best: tile, ring, lag, persistent) | ws / cuBLAS | bits | "
-          "K whole differs |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| case | chunk | M | cuBLAS | selected | sequential 128 x 128 | K whole 128 x 128 / x 256 | "
+          "warp-specialized (best) | ws / cuBLAS | bits | control differs |\n" + "|---" * 11 + "|")
     g = torch.Generator(device="cuda").manual_seed(0)
     for case, chunk in ((c, p) for c in cases for p in case_partitions(c, chunks, sms)):
-        n, k, _ = CASES[case]
+        n, k, _, has_bias = CASES[case]
         select = selector(deployment("0.5b" if case.endswith("05") else "1.5b", sms, SMEM_BYTES), n, k, chunk)
         w0 = (torch.randn(n, k, generator=g, device="cuda") / k ** 0.5).to(torch.bfloat16)
         w = cold_copies(w0)
+        b = torch.randn(n, generator=g, device="cuda").to(torch.bfloat16) if has_bias else None
         big = torch.randn(max(ms), k, generator=g, device="cuda").to(torch.bfloat16)
-        ref_all = linear(big, w0, None, chunk=chunk, parallel=False, block_m=64, block_n=64, block_k=64)
-        whole_all = linear(big, w0, None, chunk=k, parallel=False, block_m=64, block_n=64, block_k=64)
+        ref_all = linear(big, w0, b, chunk=chunk, parallel=False, block_m=64, block_n=64, block_k=64)
+        whole_all = linear(big, w0, b, chunk=k, parallel=False, block_m=64, block_n=64, block_k=64)
         for m in ms:
             x, ref = big[:m], ref_all[:m]
-            cublas = us(lambda: F.linear(x, w(), None))
+            cublas = us(lambda: F.linear(x, w(), b))
             chosen = launch_params(select(m))
-            selected = us(lambda: linear(x, w(), None, **chosen))
-            same = torch.equal(linear(x, w0, None, **chosen), ref)
-            seq = min((us(lambda: linear_wgmma(x, w(), None, chunk=chunk, block_m=128, block_n=128, block_k=64,
+            selected = us(lambda: linear(x, w(), b, **chosen))
+            same = torch.equal(linear(x, w0, b, **chosen), ref)
+            seq = min((us(lambda: linear_wgmma(x, w(), b, chunk=chunk, block_m=128, block_n=128, block_k=64,
                                                num_buffers=ring, persistent=p)), ring, p)
                       for ring in (3, 4) for p in (False, True))
-            same &= torch.equal(linear_wgmma(x, w0, None, chunk=chunk, block_m=128, block_n=128, block_k=64,
+            same &= torch.equal(linear_wgmma(x, w0, b, chunk=chunk, block_m=128, block_n=128, block_k=64,
                                              num_buffers=4), ref)
-            whole = [us(lambda: linear_wgmma(x, w(), None, chunk=k, block_m=128, block_n=bn, block_k=64,
+            whole = [us(lambda: linear_wgmma(x, w(), b, chunk=k, block_m=128, block_n=bn, block_k=64,
                                              num_buffers=4 if bn == 128 else 3, persistent=True)) for bn in (128, 256)]
-            differs = not torch.equal(whole_all[:m], ref)
+            # the control: another partition (K whole) where K is cut, else cuBLAS, must differ somewhere
+            differs = not torch.equal(whole_all[:m] if chunk < k else F.linear(x, w0, b), ref)
             each, errors = [], []
-            for bm, ring, lag in variants(rings, lags if chunk < k else [0]):  # (K whole: nothing to stagger)
+            for bm, bn, ring, lag in variants(rings, lags if chunk < k else [0], chunk >= k):  # (K whole: no lag)
                 for programs in (0, sms):
-                    kw = dict(chunk=chunk, block_m=bm, ring=ring, lag=lag, programs=programs)
+                    kw = dict(chunk=chunk, block_m=bm, block_n=bn, ring=ring, lag=lag, programs=programs)
                     try:
-                        out = linear_ws(x, w0, **kw)
+                        out = linear_ws(x, w0, b, **kw)
                     except Exception as e:  # noqa: BLE001 - a probe reports a variant that fails to build
                         errors.append(f"{kw}: {type(e).__name__}: {str(e)[:300]}")
                         continue
                     if not torch.equal(out, ref):
                         same = False
                         errors.append(f"{kw}: {int((out != ref).sum())} of {ref.numel()} outputs differ")
-                    name = f"{bm}x128 r{ring} l{lag}{' P' if programs else ''}"
-                    each.append((us(lambda: linear_ws(x, w(), **kw)), name))
+                    name = f"{bm}x{bn} r{ring} l{lag}{' P' if programs else ''}"
+                    each.append((us(lambda: linear_ws(x, w(), b, **kw)), name))
             best = min(each) if each else (float("nan"), "none ran")
             print(f"| {case} | {chunk} | {m} | {cublas:.1f} | {selected:.1f} | {seq[0]:.1f} (ring {seq[1]}"
                   f"{', P' if seq[2] else ''}) | {whole[0]:.1f} / {whole[1]:.1f} | {best[0]:.1f} ({best[1]}) | "
@@ -373,7 +361,7 @@ def gpu(cases: list[str], ms: list[int], lags: list[int], rings: list[int], chun
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--cases", default="down05,down15", help=f"some of {', '.join(CASES)}")
     ap.add_argument("--ms", default="512,1024,2048,8192")
     ap.add_argument("--lags", default="0,2,4")
     ap.add_argument("--rings", default="5,6")
@@ -389,18 +377,21 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"gemm_ws_probe: --cases {unknown} unknown; known: {sorted(CASES)}")
     if args.compile_only:
-        compile_only([(CASES[c][1], CASES[c][2], bm, 128, 64, ring, lag) for c in cases for bm in (128, 192)
-                      for ring in rings for lag in lags if lag * (bm // HALF - 1) <= ring]
-                     + [(CASES[c][1], CASES[c][1], 128, bn, 64, ring, 0) for c in cases for bn in (128, 256)
-                        for ring in rings])
+        configs = []
+        for case in cases:
+            _, k, chunk, bias = CASES[case]
+            for part in sorted({chunk, k}):  # the default partition, and K whole
+                configs += [(k, part, bm, bn, 64, ring, lag, bias)
+                            for bm, bn, ring, lag in variants(rings, lags if part < k else [0], part >= k)]
+        compile_only(configs)
         return
+    for case in cases:  # a bad --chunks is refused before any GPU work
+        case_partitions(case, args.chunks, 132)
     if not torch.cuda.is_available():
         raise SystemExit("gemm_ws_probe: no CUDA device (an sm_90 GPU); --compile-only runs without one")
     if args.smoke:
         smoke(cases, lags, rings)
         return
-    for case in cases:  # a bad --chunks is refused before any GPU work
-        case_partitions(case, args.chunks, 132)
     gpu(cases, [int(m) for m in args.ms.split(",")], lags, rings, args.chunks)
 
 

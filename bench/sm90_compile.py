@@ -52,6 +52,12 @@ def resources(fn, args: dict[str, str], consts: dict, warps: int, stages: int) -
             signature[name] = kind
     kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                             target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    return ptxas_resources(kernel)
+
+
+def ptxas_resources(kernel) -> tuple[int, int, int]:
+    """(registers at launch, spill-store bytes, shared-memory bytes) of a kernel compiled for sm_90 (a Triton or a
+    Gluon one), from the ptxas Triton ships."""
     from triton.backends.nvidia.compiler import get_ptxas
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
         ptx.write(kernel.asm["ptx"])
