@@ -169,27 +169,29 @@ def plan(args, sms: int, smem: int) -> None:
                 print(f"{model} {name} {k}->{n} chunk {chunk} ({-(-k // chunk)}): " + ", ".join(cells))
 
 
-def probe(args, sms: int, smem: int) -> list[dict]:
+def probe(args, sms: int, smem: int, device: str) -> list[dict]:
     from detent_rl.kernels.matmul_wgmma import applies
-    from detent_rl.timing import cold_copies, graph_seconds
+    from detent_rl.timing import cold_copies, kernel_timer
 
-    us = lambda fn: graph_seconds(fn) * 1e6  # noqa: E731
+    timer = kernel_timer(torch.device(device), 3)
+    us = lambda fn: timer(fn) * 1e6  # noqa: E731
     start, results = time.monotonic(), list(args.done)
     done = {(r["model"], r["site"], r["chunk"], r["m"]) for r in results}
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; µs per call (CUDA-graph replays, cold "
-          f"weights); best: the grid's fastest form")
+    where = (f"{torch.cuda.get_device_name()}; µs per call (CUDA-graph replays, cold weights)" if device == "cuda"
+             else "CPU (--cpu: the script's logic, not figures); µs per call (median of 3)")
+    print(f"# {where}, torch {torch.__version__}; best: the grid's fastest form")
     print("| model | site | chunk | M | cuBLAS | selected (ratio) | best (ratio) | bits | cuBLAS= |")
     print("|---|---|---|---|---|---|---|---|---|")
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device=device).manual_seed(0)
     for model in args.models.split(","):
         dep = deployment(model, sms, smem)
         for name, n, k, has_bias in SITES[model]:
             if name not in args.sites.split(","):
                 continue
-            w0 = (torch.randn(n, k, generator=g, device="cuda") / k ** 0.5).to(torch.bfloat16)
+            w0 = (torch.randn(n, k, generator=g, device=device) / k ** 0.5).to(torch.bfloat16)
             w = cold_copies(w0)
-            b = torch.randn(n, generator=g, device="cuda").to(torch.bfloat16) if has_bias else None
-            big = torch.randn(max(args.ms), k, generator=g, device="cuda").to(torch.bfloat16)
+            b = torch.randn(n, generator=g, device=device).to(torch.bfloat16) if has_bias else None
+            big = torch.randn(max(args.ms), k, generator=g, device=device).to(torch.bfloat16)
             for chunk in partitions(dep, n, k, args.chunks, args.explore):
                 select = selector(dep, n, k, chunk) if chunk in legal_partitions(dep, n, k) else None
                 ref = linear(big, w0, b, chunk=chunk, parallel=False, block_m=64, block_n=64, block_k=64)
@@ -203,6 +205,8 @@ def probe(args, sms: int, smem: int) -> list[dict]:
                     x = big[:m]
                     cublas = us(lambda: torch.nn.functional.linear(x, w(), b))
                     chosen = launch_params(select(m)) if select else None
+                    if chosen:
+                        assert chosen.pop("chunk") == chunk, "the pin holds"
                     forms = [("selected " + describe(chosen), chosen)] if select else []
                     forms += grid(m, n, k, chunk, sms, applies(x, w0, 64))
                     times, same, errors = {}, True, []
@@ -249,6 +253,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--resume", help="an earlier run's --json: its rows are kept and not timed again (a device call's "
                     "limit: carry the file to the next call)")
     ap.add_argument("--plan", action="store_true", help="print each partition's selection and grid size; time nothing")
+    ap.add_argument("--cpu", action="store_true", help="run every step on the CPU, where each form is `linear`'s CPU "
+                    "path: a check of the script, not a measurement")
     args = ap.parse_args(argv)
     args.ms = sorted(int(m) for m in args.ms.split(","))
     args.done = []
@@ -266,16 +272,17 @@ def main(argv: list[str] | None = None) -> None:
         if unknown:
             raise SystemExit(f"partition_probe: --sites {sorted(unknown)} unknown; {model}'s: "
                              f"{[s[0] for s in SITES[model]]}")
-    cuda = torch.cuda.is_available()
+    cuda = torch.cuda.is_available() and not args.cpu
     props = torch.cuda.get_device_properties(0) if cuda else None
     sms = props.multi_processor_count if cuda else Deployment.num_sms
     smem = props.shared_memory_per_block_optin if cuda else Deployment.smem_bytes
-    if args.plan or not cuda:
-        if not args.plan:
-            raise SystemExit("partition_probe: no CUDA device; --plan prints the plan without one")
+    if args.plan:
         plan(args, sms, smem)
         return
-    results = probe(args, sms, smem)
+    if not cuda and not args.cpu:
+        raise SystemExit("partition_probe: no CUDA device; --plan prints the plan without one (--cpu runs the "
+                         "script's steps on the CPU)")
+    results = probe(args, sms, smem, "cuda" if cuda else "cpu")
     summary(results)
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)

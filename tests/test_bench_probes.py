@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -73,6 +74,29 @@ def test_partition_probe_plan_runs_without_a_gpu_and_refuses_bad_arguments(capsy
     for argv, message in refused:
         with pytest.raises(SystemExit, match=re.escape(message)):
             probe.main(argv)
+
+
+def test_partition_probe_runs_every_step_on_the_cpu_and_resumes(tmp_path, capsys):
+    """`--cpu` runs the probe's whole path (selection, grid, bits against one big call, cuBLAS's control, summary,
+    --json and --resume) with `linear`'s CPU path for every form: a Python error here would otherwise cost a device
+    call. Every form keeps the big call's rows; the figures mean nothing and the output says so."""
+    probe = load("partition_probe")
+    rows = tmp_path / "rows.json"
+    probe.main(["--cpu", "--models", "0.5b", "--sites", "down", "--ms", "1,3", "--chunks", "640,0", "--json",
+                str(rows)])
+    out = capsys.readouterr().out
+    assert "CPU (--cpu: the script's logic, not figures)" in out
+    for chunk, selected in ((640, "P16x64x128"), (4864, "S16x64x128")):
+        for m in (1, 3):
+            assert f"| 0.5b | down | {chunk} | {m} |" in out and f" {selected} (" in out
+    assert "| 0.5b | down | 640 (8) |" in out and "| 0.5b | down | 4864 (1) |" in out and "DIFF" not in out
+    done = json.loads(rows.read_text())
+    assert {(r["chunk"], r["m"]) for r in done} == {(640, 1), (640, 3), (4864, 1), (4864, 3)}
+    assert all(r["bits"] and r["selected"] > 0 and r["best"] <= r["selected"] for r in done)
+    probe.main(["--cpu", "--models", "0.5b", "--sites", "down", "--ms", "1,3,5", "--chunks", "640", "--resume",
+                str(rows)])
+    again = capsys.readouterr().out
+    assert "| 0.5b | down | 640 | 5 |" in again and "| 0.5b | down | 640 | 1 |" not in again  # only M = 5 timed
 
 
 def test_the_warp_specialized_probes_barrier_protocol_holds_and_its_check_sees_each_mutation(capsys):
