@@ -133,26 +133,32 @@ def describe(params: dict) -> str:
             f"{'swap' if params['swap_ab'] else ''}{'P' if params['persistent'] else ''}")
 
 
-def worst(rows: list[dict], key: str, end: int) -> float:
-    """The largest ratio to cuBLAS among the rows at that end (M <= 64, or M >= 512)."""
-    picked = [r[key] / r["cublas"] for r in rows if (r["m"] <= end if end == SMALL_M else r["m"] >= end)]
+RANGES = {"small": lambda m: m <= SMALL_M, "mid": lambda m: SMALL_M < m < LARGE_M, "large": lambda m: m >= LARGE_M}
+
+
+def worst(rows: list[dict], key: str, span: str) -> float:
+    """The largest ratio to cuBLAS among the rows in that span of M (`RANGES`: M <= 64, 64 < M < 512, M >= 512)."""
+    picked = [r[key] / r["cublas"] for r in rows if RANGES[span](r["m"])]
     picked = [p for p in picked if p == p]  # (no `selected` for a partition the program does not reach: NaN)
     return max(picked) if picked else float("nan")
 
 
 def summary(results: list[dict]) -> None:
-    print("\n| model | site | chunk (chunks) | selected, worst at M <= 64 / M >= 512 | best, worst at M <= 64 / "
-          "M >= 512 | best meets both | bits | cuBLAS differs somewhere |")
+    """Per partition, the worst ratio in each span of M, selected and best. Issue 10's goals are on the two ends; the
+    middle (a GRPO batch's decode, 128-256 rows) is not a goal but must not be given up for them."""
+    print("\n| model | site | chunk (chunks) | selected, worst at M <= 64 / 65-511 / >= 512 | best, worst at M <= 64 / "
+          "65-511 / >= 512 | best meets both ends | bits | cuBLAS differs somewhere |")
     print("|---|---|---|---|---|---|---|---|")
     groups: dict[tuple, list[dict]] = {}
     for r in results:
         groups.setdefault((r["model"], r["site"], r["chunk"], r["k"]), []).append(r)
     for (model, site, chunk, k), rows in groups.items():
-        sel = [worst(rows, "selected", e) for e in (SMALL_M, LARGE_M)]
-        best = [worst(rows, "best", e) for e in (SMALL_M, LARGE_M)]
-        meets = all(b <= GOALS[e] for b, e in zip(best, (SMALL_M, LARGE_M)) if b == b) and all(b == b for b in best)
-        print(f"| {model} | {site} | {chunk} ({-(-k // chunk)}) | {sel[0]:.2f}x / {sel[1]:.2f}x | {best[0]:.2f}x / "
-              f"{best[1]:.2f}x | {'yes' if meets else 'no'} | {'=' if all(r['bits'] for r in rows) else 'DIFF'} | "
+        sel = " / ".join(f"{worst(rows, 'selected', span):.2f}x" for span in RANGES)
+        best = {span: worst(rows, "best", span) for span in RANGES}
+        meets = best["small"] <= GOALS[SMALL_M] and best["large"] <= GOALS[LARGE_M]  # (False where either is NaN)
+        print(f"| {model} | {site} | {chunk} ({-(-k // chunk)}) | {sel} | "
+              f"{' / '.join(f'{v:.2f}x' for v in best.values())} | {'yes' if meets else 'no'} | "
+              f"{'=' if all(r['bits'] for r in rows) else 'DIFF'} | "
               f"{'yes' if any(not r['cublas_equal'] for r in rows) else 'NO (a weak check)'} |")
 
 

@@ -90,6 +90,7 @@ def test_partition_probe_runs_every_step_on_the_cpu_and_resumes(tmp_path, capsys
         for m in (1, 3):
             assert f"| 0.5b | down | {chunk} | {m} |" in out and f" {selected} (" in out
     assert "| 0.5b | down | 640 (8) |" in out and "| 0.5b | down | 4864 (1) |" in out and "DIFF" not in out
+    assert " / nanx / nanx | " in out  # no row in the middle or at the large end: nothing claimed there
     done = json.loads(rows.read_text())
     assert {(r["chunk"], r["m"]) for r in done} == {(640, 1), (640, 3), (4864, 1), (4864, 3)}
     assert all(r["bits"] and r["selected"] > 0 and r["best"] <= r["selected"] for r in done)
