@@ -2,7 +2,7 @@
 
     python3 -P bench/gemm_ws_probe.py [--cases down05,down15,qkv05,...] [--ms 512,1024,2048,8192] [--chunks ...]
     python3 -P bench/gemm_ws_probe.py --smoke        # GPU, first, under `timeout`: a wrong barrier phase hangs
-    python -P bench/gemm_ws_probe.py --compile-only  # any machine with Triton 3.6: sm_90a registers, spills, smem
+    python -P bench/gemm_ws_probe.py --compile-only  # any machine (Triton >= 3.6): sm_90a registers, spills, smem
 
 Where K is cut into chunks, `matmul_wgmma`'s kernel waits at each chunk's end for that chunk's MMAs before the total
 takes the sum; both warpgroups of a 128-row tile wait at once and the tensor cores idle (4-21 % of the down
@@ -37,13 +37,13 @@ except ImportError as e:  # a Triton without Gluon's Hopper API
     sys.exit(f"gemm_ws_probe: needs Triton's Gluon (3.6 or later): {e}")
 
 from detent_rl.kernels.matmul import launch_params, linear
-from detent_rl.kernels.matmul_wgmma import _tile_offsets
+from detent_rl.kernels.matmul_wgmma import _tile_offsets, tma_load, tma_store
 from detent_rl.kernels.matmul_wgmma_plan import linear_wgmma
 from detent_rl.timing import cold_copies, graph_seconds
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from partition_probe import deployment, partitions, selector  # noqa: E402
-from sm90_compile import ptxas_resources  # noqa: E402
+from sm90_compile import gluon_resources  # noqa: E402
 
 CASES = {  # n, k, the default tuple's chunk, bias: the cut sites, then K-whole ones (one accumulator: 256 columns fit)
     "down05": (896, 4864, 640, False), "down15": (1536, 8960, 1792, False),
@@ -72,9 +72,9 @@ def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, GROUP_M:
             mbarrier.wait(empty.index(slot), ((i // NUM_BUFFERS) & 1) ^ 1)  # (a fresh barrier passes phase 1)
             mbarrier.expect(ready.index(slot), HALVES * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
             for r in gl.static_range(HALVES):
-                tma.async_copy_global_to_shared(a_desc, [off_m + r * HALF, kb * BLOCK_K], ready.index(slot),
+                tma_load(a_desc, [off_m + r * HALF, kb * BLOCK_K], ready.index(slot),
                                                 a_bufs.index(slot * HALVES + r))
-            tma.async_copy_global_to_shared(b_desc, [off_n, kb * BLOCK_K], ready.index(slot), b_bufs.index(slot))
+            tma_load(b_desc, [off_n, kb * BLOCK_K], ready.index(slot), b_bufs.index(slot))
             i += 1
 
 
@@ -137,7 +137,7 @@ def _half_partition(a_bufs, b_bufs, ready, empty, starts, c_desc, c_buf, bias_pt
         tma.store_wait(pendings=0)  # the previous tile's store has read the buffer
         c_buf.store(total.to(c_desc.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [off_m + ROW, off_n], c_buf)  # rows past M are clipped
+        tma_store(c_desc, [off_m + ROW, off_n], c_buf)  # rows past M are clipped
     tma.store_wait(pendings=0)
 
 
@@ -236,9 +236,6 @@ def compile_only(configs: list[tuple]) -> None:
     """Registers, spill bytes and shared memory of each (k, chunk, block_m, block_n, block_k, ring, lag, bias), for
     sm_90a."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
 
     print(f"Triton {triton.__version__}, sm_90a: registers at launch / spill bytes / shared bytes")
     done = set()
@@ -250,15 +247,8 @@ def compile_only(configs: list[tuple]) -> None:
         host = torch.empty(256, k, dtype=torch.bfloat16)
         descs = [TensorDescriptor.from_tensor(host, [r, c], _layout(r, c, gl.bfloat16))
                  for r, c in ((HALF, block_k), (block_n, block_k), (HALF, block_n))]
-        names = ws_chunked_kernel.arg_names
-        signature = dict({n: mangle_type(d) for n, d in zip(names, descs)}, bias_ptr="*bf16", M="i32", N="i32")
-        constexprs = {}
-        for i, name in enumerate(names):
-            if name in m:
-                signature[name], constexprs[(i,)] = "constexpr", m[name]
-        kernel = triton.compile(GluonASTSource(ws_chunked_kernel, signature, constexprs=constexprs, attrs={}),
-                                target=GPUTarget("cuda", 90, 32), options=dict(num_warps=m["num_warps"]))
-        regs, spill, shared = ptxas_resources(kernel)
+        args = dict(zip(("a_desc", "b_desc", "c_desc"), descs), bias_ptr="*bf16", M="i32", N="i32")
+        regs, spill, shared = gluon_resources(ws_chunked_kernel, args, m, m["num_warps"])
         print(f"k {k}, chunk {chunk} ({m['NUM_CHUNKS']}), {block_m} x {block_n} x {block_k}, ring {m['NUM_BUFFERS']}, "
               f"lag {lag}{', bias' if bias else ''}: {regs} / {spill} / {shared}", flush=True)
 

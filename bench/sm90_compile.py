@@ -69,10 +69,54 @@ def ptxas_resources(kernel) -> tuple[int, int, int]:
     return int(registers.group(1)), int(spills.group(1)) if spills else 0, kernel.metadata.shared
 
 
+def gluon_resources(fn, args: dict, consts: dict, warps: int) -> tuple[int, int, int]:
+    """`ptxas_resources` of a Gluon kernel compiled for sm_90a: `args` gives each other parameter a Triton type
+    ("*bf16", "i32") or a host value to specialise on as a launch would (a TMA descriptor), `consts` the constexprs."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+    signature, constexprs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            signature[name], constexprs[(i,)] = "constexpr", consts[name]
+        else:
+            signature[name] = args[name] if isinstance(args[name], str) else mangle_type(args[name])
+    kernel = triton.compile(GluonASTSource(fn, signature, constexprs=constexprs, attrs={}),
+                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+    return ptxas_resources(kernel)
+
+
+def wgmma_resources(block_m: int, block_n: int, block_k: int, ring: int, k: int, chunk: int,
+                    split: bool = False) -> tuple[int, int, int]:
+    """The warpgroup linear's kernel (`kernels/matmul_wgmma.py`, unswapped) at a tile, ring and partition of K, as
+    `matmul_wgmma_plan` launches it: sequential chunks (two accumulators where K is cut), or `split` (one chunk a
+    unit, fp32 sums to the workspace)."""
+    import torch
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from detent_rl.kernels.matmul_wgmma import _chunked_wgmma_kernel
+
+    def desc(rows: int, cols: int, dtype: torch.dtype, gl_dtype):
+        t = torch.empty(256, max(k, 256), dtype=dtype)
+        layout = gl.NVMMASharedLayout.get_default_for([rows, cols], gl_dtype)
+        return TensorDescriptor.from_tensor(t, [rows, cols], layout)
+
+    out_dt = (torch.float32, gl.float32) if split else (torch.bfloat16, gl.bfloat16)
+    args = dict(a_desc=desc(block_m, block_k, torch.bfloat16, gl.bfloat16),
+                b_desc=desc(block_n, block_k, torch.bfloat16, gl.bfloat16), c_desc=desc(block_m, block_n, *out_dt),
+                out_ptr="*bf16", bias_ptr="*bf16", M="i32", N="i32", stride_om="i32", ws_rows="i32")
+    chunks = -(-k // chunk)
+    consts = dict(HAS_BIAS=False, NUM_CHUNKS=1 if split else chunks, CHUNK_BLOCKS=chunk // block_k, GROUP_M=8,
+                  NUM_BUFFERS=ring, SWAP=False, SPLITS=chunks if split else 1, PDL=True, num_warps=block_m // 16)
+    return gluon_resources(_chunked_wgmma_kernel, args, consts, block_m // 16)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiles", default=TILES, help="comma-separated BLOCK_MxBLOCK_NxBLOCK_KxWARPSxSTAGES")
     ap.add_argument("--chunk", type=int, default=896, help="the K partition (K whole for the 0.5B gate/up)")
+    ap.add_argument("--wgmma", action="store_true", help="also the warpgroup kernel at the 0.5B down projection's "
+                    "tiles (`wgmma_resources`)")
     args = ap.parse_args()
     print(f"Triton {triton.__version__}, sm_90a; registers / spill bytes / shared bytes")
     print("| tile | linear | gated (half the columns) |")
@@ -85,6 +129,13 @@ def main() -> None:
                            warps, stages)
         gated = resources(_gate_up_silu_kernel, GATED_ARGS, dict(BLOCK_N=bn // 2, **common), warps, stages)
         print(f"| {tile} | {' / '.join(map(str, linear))} | {' / '.join(map(str, gated))} |")
+    if args.wgmma:
+        print("\n| warpgroup kernel, 0.5B down (K 4,864, chunk 640) | registers / spill bytes / shared bytes |\n"
+              "|---|---|")
+        for bm, bn, ring, split in ((128, 128, 4, False), (64, 64, 6, False), (128, 128, 4, True)):
+            got = wgmma_resources(bm, bn, 64, ring, 4864, 640, split)
+            print(f"| {bm} x {bn} x 64, ring {ring}, {'split' if split else 'sequential'} | "
+                  f"{' / '.join(map(str, got))} |")
 
 
 if __name__ == "__main__":

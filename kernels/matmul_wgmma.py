@@ -37,6 +37,10 @@ try:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                   warpgroup_mma, warpgroup_mma_wait)
     HAS_GLUON = True
+    # TMA's copies by either name: Triton 3.6 (the device's) has only async_copy_global_to_shared and
+    # async_copy_shared_to_global; later Gluon renamed them async_load and async_store (the old names raise)
+    tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 except ImportError:  # no Triton, or one without Gluon's Hopper API
     HAS_GLUON = False
 
@@ -80,8 +84,8 @@ if HAS_GLUON:
         bar = bars.index(slot)
         k = kb * a_desc.block_type.shape[1]
         mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
-        tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(slot), pred)
-        tma.async_copy_global_to_shared(b_desc, [off_n, k], bar, b_bufs.index(slot), pred)
+        tma_load(a_desc, [off_m, k], bar, a_bufs.index(slot), pred)
+        tma_load(b_desc, [off_n, k], bar, b_bufs.index(slot), pred)
 
     @gluon.jit
     def _block_mma(i, acc, use_acc, bars, a_bufs, b_bufs, NUM_BUFFERS: gl.constexpr):
@@ -216,7 +220,7 @@ if HAS_GLUON:
                 c_smem.store(total.to(c_desc.dtype))
                 fence_async_shared()
                 # rows past M are clipped (a chunk's slice of the workspace is whole tiles: ws_rows)
-                tma.async_copy_shared_to_global(c_desc, [chunk * ws_rows + off_m, off_n], c_smem)
+                tma_store(c_desc, [chunk * ws_rows + off_m, off_n], c_smem)
             off_m = next_m
             off_n = next_n
             chunk = next_chunk

@@ -1,28 +1,15 @@
 """The GPU probes' CPU-side logic: what they would time and what they refuse, checked without a GPU."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCH = Path(__file__).parent.parent / "bench"
-
-
-def load(name: str):
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(BENCH))
+from bench_scripts import BENCH, load
 
 
 def test_partition_probe_plans_every_legal_partition_with_forms_that_fit_it():

@@ -1,0 +1,40 @@
+"""The Hopper kernels compile for sm_90a with the installed Triton, on the CPU (ptxas: registers, spills, shared
+memory). The warpgroup kernels are Gluon, whose API moves between Triton releases (3.6, the device's, names TMA's
+copies `async_copy_*`; later releases `async_load`/`async_store` and raise on the old names): a Triton upgrade that
+breaks them fails here, not on the first Hopper call of a user's run. Compiling proves no bits (the GPU tests do)."""
+from __future__ import annotations
+
+import pytest
+
+from bench_scripts import load
+from detent_rl.kernels.matmul_wgmma import HAS_GLUON
+
+pytestmark = pytest.mark.skipif(not HAS_GLUON, reason="this Triton has no Gluon Hopper API")
+
+
+def test_the_warpgroup_linear_compiles_for_sm90_without_spilling():
+    """`matmul_wgmma`'s kernel at the schedules the selection takes on the down projections: the sequential chunks
+    (two fp32 accumulators in a 128 x 128 tile: the register budget that rules out 128 x 256), a 64 x 64 tile, and
+    the parallel form's units."""
+    compile_ = load("sm90_compile")
+    for block, ring, split in ((128, 4, False), (64, 6, False), (128, 4, True)):
+        registers, spill, shared = compile_.wgmma_resources(block, block, 64, ring, 4864, 640, split)
+        assert spill == 0 and registers <= 255 and 0 < shared <= 227 * 1024, (block, split, registers, spill, shared)
+
+
+def test_the_warp_specialized_probe_compiles_for_sm90():
+    """`bench/gemm_ws_probe.py`'s kernel (a loader warp, a warpgroup a 64-row slice, staggered chunk ends): 128 x 128
+    with chunks and a lag, and 128 x 256 with K whole and a bias, within shared memory and without spills."""
+    probe = load("gemm_ws_probe")
+    compile_ = load("sm90_compile")
+    from triton.experimental.gluon import language as gl
+    import torch
+
+    for k, chunk, block_n, lag, bias in ((4864, 640, 128, 2, False), (896, 896, 256, 0, True)):
+        meta = dict(probe.meta(k, chunk, 128, block_n, 64, 6, lag), HAS_BIAS=bias)
+        host = torch.empty(256, k, dtype=torch.bfloat16)
+        descs = [probe.TensorDescriptor.from_tensor(host, [r, c], probe._layout(r, c, gl.bfloat16))
+                 for r, c in ((64, 64), (block_n, 64), (64, block_n))]
+        args = dict(zip(("a_desc", "b_desc", "c_desc"), descs), bias_ptr="*bf16", M="i32", N="i32")
+        registers, spill, shared = compile_.gluon_resources(probe.ws_chunked_kernel, args, meta, 4)
+        assert spill == 0 and 0 < shared <= 227 * 1024, (k, chunk, block_n, registers, spill, shared)
