@@ -41,7 +41,7 @@ try:
     # async_copy_shared_to_global; later Gluon renamed them async_load and async_store (the old names raise)
     tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-except ImportError:  # no Triton, or one without Gluon's Hopper API
+except (ImportError, AttributeError):  # no Triton, or one without Gluon's Hopper API (or TMA copies by either name)
     HAS_GLUON = False
 
 
