@@ -269,7 +269,12 @@ def case_partitions(case: str, chunks: str, sms: int) -> list[int]:
     n, k, default, _ = CASES[case]
     if chunks == "default":
         return [default]
-    return partitions(deployment("0.5b" if case.endswith("05") else "1.5b", sms, SMEM_BYTES), n, k, chunks)
+    return partitions(case_deployment(case, sms), n, k, chunks)
+
+
+def case_deployment(case: str, sms: int):
+    """The deployment of the case's model (`partition_probe.deployment`: its selection's facts)."""
+    return deployment("0.5b" if case.endswith("05") else "1.5b", sms, SMEM_BYTES)
 
 
 def smoke(cases: list[str], lags: list[int], rings: list[int]) -> None:
@@ -303,7 +308,7 @@ def gpu(cases: list[str], ms: list[int], lags: list[int], rings: list[int], chun
     g = torch.Generator(device="cuda").manual_seed(0)
     for case, chunk in ((c, p) for c in cases for p in case_partitions(c, chunks, sms)):
         n, k, _, has_bias = CASES[case]
-        select = selector(deployment("0.5b" if case.endswith("05") else "1.5b", sms, SMEM_BYTES), n, k, chunk)
+        select = selector(case_deployment(case, sms), n, k, chunk)
         w0 = (torch.randn(n, k, generator=g, device="cuda") / k ** 0.5).to(torch.bfloat16)
         w = cold_copies(w0)
         b = torch.randn(n, generator=g, device="cuda").to(torch.bfloat16) if has_bias else None

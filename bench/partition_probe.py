@@ -98,7 +98,10 @@ def partitions(dep: Deployment, n: int, k: int, chunks: str, explore: bool = Fal
 
 
 def selector(dep: Deployment, n: int, k: int, chunk: int):
-    """The detent selection of the site with `chunk` pinned (the other values the default tuple's knobs)."""
+    """The detent selection of the site with `chunk` pinned (the other values the default tuple's knobs); None for a
+    partition the program does not reach (`--explore`)."""
+    if chunk not in legal_partitions(dep, n, k):
+        return None
     key = site_key("matmul", {"n": n, "k": k})
     pinned = CommitmentTuple(sites={key: {"pins": {"chunk": chunk}, "knobs": {}}}, deployment=asdict(dep))
     return KernelSelections(dep, commitment=pinned).get("matmul", n=n, k=k)
@@ -169,7 +172,7 @@ def plan(args, sms: int, smem: int) -> None:
             if name not in args.sites.split(","):
                 continue
             for chunk in partitions(dep, n, k, args.chunks, args.explore):
-                select = selector(dep, n, k, chunk) if chunk in legal_partitions(dep, n, k) else None
+                select = selector(dep, n, k, chunk)
                 cells = [f"{m}: {describe(launch_params(select(m))) if select else 'not selectable'} "
                          f"+{len(grid(m, n, k, chunk, sms, True))}" for m in args.ms]
                 print(f"{model} {name} {k}->{n} chunk {chunk} ({-(-k // chunk)}): " + ", ".join(cells))
@@ -199,7 +202,7 @@ def probe(args, sms: int, smem: int, device: str) -> list[dict]:
             b = torch.randn(n, generator=g, device=device).to(torch.bfloat16) if has_bias else None
             big = torch.randn(max(args.ms), k, generator=g, device=device).to(torch.bfloat16)
             for chunk in partitions(dep, n, k, args.chunks, args.explore):
-                select = selector(dep, n, k, chunk) if chunk in legal_partitions(dep, n, k) else None
+                select = selector(dep, n, k, chunk)
                 ref = linear(big, w0, b, chunk=chunk, parallel=False, block_m=64, block_n=64, block_k=64)
                 for m in args.ms:
                     if (model, name, chunk, m) in done:
