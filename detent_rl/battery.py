@@ -79,11 +79,17 @@ def model_config(model: str) -> ModelConfig:
     return ModelConfig.from_file(checkpoint_dir(model))
 
 
-def open_model(model: str, arm: str, device: str, dtype: torch.dtype, tp: Optional[TensorParallel] = None
-               ) -> CausalLM:
+def open_model(model: str, arm: str, device: str, dtype: torch.dtype, tp: Optional[TensorParallel] = None,
+               max_batch: int = 256) -> CausalLM:
     """`model`'s checkpoint (a built-in's or a directory) loaded for `arm`, on `device` in `dtype` (this
-    rank's part with `tp`)."""
-    return load_model(checkpoint_dir(model), arm, device, dtype, page_size=PAGE_SIZE, tp=tp)
+    rank's part with `tp`), for a deployment of at most `max_batch` concurrent requests."""
+    return load_model(checkpoint_dir(model), arm, device, dtype, page_size=PAGE_SIZE, tp=tp, max_batch=max_batch)
+
+
+def concurrency(cells: Sequence[Cell]) -> int:
+    """The most requests the cells' engines hold at once (their slots, the reference run's included): the
+    deployment CoRun serves, whose maximum concurrency is its one padded decode shape (as the bench sets it)."""
+    return max([Run().max_num_seqs] + [r.max_num_seqs for c in cells for r in (c.reference, c.changed)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,7 +371,8 @@ def _run(args: argparse.Namespace, arms: list[str], cells: list[Cell], tp: Optio
     results, summary = [], []
     for arm in arms:
         start = time.perf_counter()
-        model = open_model(args.model, arm, device, DTYPES[dtype_name], tp)
+        model = open_model(args.model, arm, device, DTYPES[dtype_name], tp,
+                           **({"max_batch": concurrency(cells)} if arm == CORUN else {}))
         battery = Battery(model, args.step_tokens, args.seed)
         arm_results = []
         arm_cells = [c for c in cells if not (arm == CORUN and c.group == "prefix")]  # no prefix cache
