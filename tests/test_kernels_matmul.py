@@ -184,8 +184,9 @@ def test_the_schedule_follows_m_and_the_site_while_the_partition_stays():
     parallel form in the warpgroup kernel at M 65-512 (64 x 64 tiles, then persistent 128 x 128 ones) and the
     warpgroup 128 x 128 tile (one a program, chunks in sequence) from M = 513. From M = 513 to 768, where those
     tiles leave SMs idle, a cut K runs its parallel form while its sequential tiles number under half the SMs, and
-    K whole takes the 64 x 64 tiles while the bucket's tile numbers under the SMs; a tuned tile_2048 keeps its
-    own. The pinned partition is one value for every M."""
+    K whole takes the 64 x 64 tiles while the bucket's tile numbers under the SMs; a cut K to M = 2,048 runs its
+    chunks in sequence in the persistent 64 x 128 tiles while they fit one wave, unless its parallel form's units
+    fit two; a tuned tile_2048 keeps its own. The pinned partition is one value for every M."""
     from detent_rl.kernels.programs.matmul import (DEEP_WGMMA_P, MID_WGMMA_P, ROWS16, SMALL_WGMMA,
                                                    SMALL_WGMMA_RING4, SPLIT_WGMMA_SMALL, SPLIT_WGMMA_WIDE,
                                                    SWAP_WGMMA, TILE_CHOICES, WGMMA_CHOICE, WIDE_WGMMA_P)
@@ -230,13 +231,18 @@ def test_the_schedule_follows_m_and_the_site_while_the_partition_stays():
     _, down = _selectors(896, 4864)
     cut = solve(matmul_program, QWEN2_05B.facts("matmul", {"n": 896, "k": 4864})).commit(pins={"chunk": 640})
     big = row(TILE_CHOICES[2048][WGMMA_CHOICE])
-    assert all(tile(cut, m) == row(SPLIT_WGMMA_WIDE) and cut(m).tile_parallel for m in (513, 768))  # 35-42 tiles
-    assert tile(cut, 769) == big and tile(cut, 8192) == big  # past FILL_M: the bucket's sequential tile
-    down15 = solve(matmul_program, QWEN2_05B.facts("matmul", {"n": 1536, "k": 8960})).commit(pins={"chunk": 1792})
-    assert down15(640).tile_parallel and not down15(641).tile_parallel  # 60 tiles of 128 x 128, then 72
+    # 63-126 tiles of 64 x 128 to M = 1,152, chunks in sequence (the parallel form's 280-360 units: past two waves)
+    assert all(tile(cut, m) == mid_p and not cut(m).tile_parallel for m in (513, 768, 769, 1152))
+    assert tile(cut, 1153) == big and tile(cut, 8192) == big  # 133 of them: the bucket's sequential tile
+    facts15 = QWEN2_05B.facts("matmul", {"n": 1536, "k": 8960})
+    down15 = solve(matmul_program, facts15).commit(pins={"chunk": 1792})
+    assert all(tile(down15, m) == mid_p and not down15(m).tile_parallel for m in (513, 640, 704))  # to 132 tiles
+    assert tile(down15, 705) == big
+    two = solve(matmul_program, facts15).commit(pins={"chunk": 4480})  # two chunks: 120 units at M = 640
+    assert two(640).tile_parallel and tile(two, 641) == mid_p and tile(two, 705) == big
     assert not any(cut(m).tile_wgmma for m in (1, 32, 64)) and all(cut(m).tile_parallel for m in (1, 32, 64))
     assert all(tile(cut, m) == row(SPLIT_WGMMA_SMALL) and cut(m).tile_parallel for m in (65, 128))
     assert all(tile(cut, m) == row(SPLIT_WGMMA_WIDE) and cut(m).tile_parallel for m in (129, 256, 512))
     assert not cut(769).tile_parallel
-    for sel in (qkv, gate_up, head, down, cut, down15, tuned):
+    for sel in (qkv, gate_up, head, down, cut, down15, two, tuned):
         assert len({sel(m).chunk for m in (1, 33, 65, 300, 513, 4096)}) == 1

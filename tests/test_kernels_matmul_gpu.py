@@ -35,7 +35,7 @@ def _data(n, k, bias, dtype, rows=2048):
 def _failures(sel, x, w, b) -> list[str]:
     full = _run(x, w, b, sel(x.shape[0]))
     bad = []
-    for m in (1, 2, 7, 16, 24, 32, 33, 64, 100, 512):
+    for m in (1, 2, 7, 16, 24, 32, 33, 64, 100, 512, 640, 1024):
         sub = _run(x[:m], w, b, sel(m))
         rows = (sub != full[:m]).any(dim=1).nonzero().flatten().tolist()
         if rows:
@@ -127,7 +127,7 @@ def test_wgmma_sequential_form_keeps_the_bits(n, k, bias):
         ref = linear(x, w, b, chunk=chunk, parallel=False, block_m=128, block_n=128, block_k=64, num_warps=8)
         for bm, bn, bk, ring, swap in ((128, 128, 64, 4, False), (128, 128, 128, 3, False), (64, 64, 64, 6, False),
                                         (64, 256, 64, 3, False), (128, 256, 64, 3, False), (32, 64, 64, 6, True),
-                                        (16, 128, 64, 4, True), (64, 64, 64, 6, True)):
+                                        (16, 128, 64, 4, True), (64, 64, 64, 6, True), (64, 128, 64, 4, False)):
             if chunk % bk or not tile_fits(bm, bn, chunk < k, swap):
                 continue
             for m in (1, 77, 300, rows) if not swap else (1, 5, 32, 77, 300):

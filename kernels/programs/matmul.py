@@ -126,6 +126,14 @@ DEEP_WGMMA_P_CHOICE, WIDE_WGMMA_P_CHOICE = 8, 9
 # 12.9 against 12.1 (H200, our PDL off, .devrun-style probe; docs/BENCHMARKS.md, session 30).
 SPLIT_WGMMA_CHOICE, MID_WGMMA_P_CHOICE = 10, 11
 MID_TILES_PER_SM = 4
+# A cut K at M 513-2,048 whose 64 x 128 tiles fit one wave (the 0.5B down projection to M = 1,152, the 1.5B one to
+# 704) runs its chunks in sequence in them (choice 11: persistent, but with no more tiles than SMs each program runs
+# one), where the 128 x 128 tiles leave half the SMs idle -- unless the parallel form's units (M <= FILL_M) fit two
+# waves: its combine then costs less than the longer tiles. H100, bench/partition_probe.py (session 44,
+# docs/BENCHMARKS.md; its grid ran the tile one a program), at the default partitions: the 0.5B down (chunk 640) at
+# M = 640 / 1,024 in 23.4 / 23.9 us against the parallel form's 26.2 and the 128 x 128 tile's 30.6 (cuBLAS 13.0 /
+# 17.8); the 1.5B down (1,792) at 640 in 43.9 against 51.9 (cuBLAS 29.6). Past one wave it lost (the 0.5B down at
+# 2,048: 46.3 against 36.0, persistent or not; the 1.5B at 1,024: 65.0 against 56.8).
 assert (SPLIT_WGMMA_SMALL.block_m, SPLIT_WGMMA_SMALL.block_n, SPLIT_WGMMA_WIDE.block_m, SPLIT_WGMMA_WIDE.block_n) == \
     (64, 64, 128, 128), "the program's unit count below assumes these tiles"
 SMALL_TILES_PER_SM = 3
@@ -164,8 +172,8 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
     t32 = knob("tile_32", (0, 1, 2, 6), 0)  # each bucket's TILE_CHOICES keys
     t128 = knob("tile_128", (0, 1, 2, 3, 5, 7), 0)
     # (rows the rules reach that no knob names: 9, 10 and 11 in the 512 bucket, 10 in the 128 one, 11 in the 2048
-    # one; 3 from 2048, the cut K's default, which choice 0 reaches. The knobs' product times the tile key's values
-    # stays small enough to enumerate (selir.vra.MAX_ASSIGNMENTS; tests/test_selection_programs.py enumerates the
+    # one (a cut K too, from session 44); 3 from 2048, the cut K's default, which choice 0 reaches. The knobs' product
+    # times the tile key's values stays small enough to enumerate (selir.vra.MAX_ASSIGNMENTS; tests/test_selection_programs.py enumerates the
     # program without its schedule declaration): for rows 10 and 11, the 8192 bucket's 128 x 128 Triton tile of
     # 32-element K blocks (choice 2, never tuned in) left the table)
     t512 = knob("tile_512", (0, 1, 2, 3, 5, 8), 0)
@@ -237,6 +245,11 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
         big = TILES[bucket * 8 + choice]
         if chunk >= k and (m + big.block_m - 1) // big.block_m * ((n + big.block_n - 1) // big.block_n) < num_sms:
             choice = SMALL_WGMMA_RING4_CHOICE
+    if by_m and bucket == 2048 and t2048 == 0 and dtype_bytes == 2 and chunk < k:
+        seq_mid_tiles = (m + 63) // 64 * ((n + 127) // 128)
+        units = (m + 127) // 128 * ((n + 127) // 128) * ((k + chunk - 1) // chunk)
+        if seq_mid_tiles <= num_sms and not (choice == SPLIT_WGMMA_CHOICE and units <= 2 * num_sms):
+            choice = MID_WGMMA_P_CHOICE
     row = TILES[bucket * 8 + choice]
     # as Triton's autotuner prunes: no more pipeline stages than shared memory holds (fp32 tiles are twice
     # the bytes of the bf16 ones the table was written for)
