@@ -37,8 +37,8 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from detent_rl.atomic import write_text
-from detent_rl.battery_cells import (NUM_COMPARED, BatteryError, Cell, Request, Run, build_cells, select_cells,
-                                     target_prompt)
+from detent_rl.battery_cells import (NUM_COMPARED, BatteryError, Cell, Request, Run, build_cells, concurrency,
+                                     select_cells, target_prompt)
 from detent_rl.kernels.selections import ARMS
 from detent_rl.models.builtin import BUILTINS, SMOLLM2, checkpoint_of
 from detent_rl.models.config import ModelConfig, ModelConfigError
@@ -85,11 +85,6 @@ def open_model(model: str, arm: str, device: str, dtype: torch.dtype, tp: Option
     rank's part with `tp`), for a deployment of at most `max_batch` concurrent requests."""
     return load_model(checkpoint_dir(model), arm, device, dtype, page_size=PAGE_SIZE, tp=tp, max_batch=max_batch)
 
-
-def concurrency(cells: Sequence[Cell]) -> int:
-    """The most requests the cells' engines hold at once (their slots, the reference run's included): the
-    deployment CoRun serves, whose maximum concurrency is its one padded decode shape (as the bench sets it)."""
-    return max([Run().max_num_seqs] + [r.max_num_seqs for c in cells for r in (c.reference, c.changed)])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -143,3 +143,9 @@ def select_cells(cells: list[Cell], patterns: Optional[str]) -> list[Cell]:
         raise BatteryError(f"--cells {unmatched} match no cell; groups: {', '.join(GROUPS)}; "
                            f"cells: {', '.join(c.name for c in cells)}")
     return [c for c in cells if any(fnmatch.fnmatch(c.name, p) or c.group == p for p in pats)]
+
+
+def concurrency(cells: list[Cell]) -> int:
+    """The most requests the cells' engines hold at once (their slots, the reference run's included): the
+    deployment CoRun serves, whose maximum concurrency is its one padded decode shape (as the bench sets it)."""
+    return max([Run().max_num_seqs] + [r.max_num_seqs for c in cells for r in (c.reference, c.changed)])
