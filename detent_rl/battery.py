@@ -86,7 +86,6 @@ def open_model(model: str, arm: str, device: str, dtype: torch.dtype, tp: Option
     return load_model(checkpoint_dir(model), arm, device, dtype, page_size=PAGE_SIZE, tp=tp, max_batch=max_batch)
 
 
-
 # ---------------------------------------------------------------------------------------------
 # running and comparing
 

@@ -173,9 +173,9 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
     t128 = knob("tile_128", (0, 1, 2, 3, 5, 7), 0)
     # (rows the rules reach that no knob names: 9, 10 and 11 in the 512 bucket, 10 in the 128 one, 11 in the 2048
     # one (a cut K too, from session 44); 3 from 2048, the cut K's default, which choice 0 reaches. The knobs' product
-    # times the tile key's values stays small enough to enumerate (selir.vra.MAX_ASSIGNMENTS; tests/test_selection_programs.py enumerates the
-    # program without its schedule declaration): for rows 10 and 11, the 8192 bucket's 128 x 128 Triton tile of
-    # 32-element K blocks (choice 2, never tuned in) left the table)
+    # times the tile key's values stays small enough to enumerate (selir.vra.MAX_ASSIGNMENTS;
+    # tests/test_selection_programs.py enumerates the program without its schedule declaration): for rows 10 and
+    # 11, the 8192 bucket's 128 x 128 Triton tile of 32-element K blocks (choice 2, never tuned in) left the table)
     t512 = knob("tile_512", (0, 1, 2, 3, 5, 8), 0)
     t2048 = knob("tile_2048", (0, 1, 2, 8, 9), 0)
     t8192 = knob("tile_8192", (0, 1, 8, 9), 0)
@@ -246,9 +246,8 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
         if chunk >= k and (m + big.block_m - 1) // big.block_m * ((n + big.block_n - 1) // big.block_n) < num_sms:
             choice = SMALL_WGMMA_RING4_CHOICE
     if by_m and bucket == 2048 and t2048 == 0 and dtype_bytes == 2 and chunk < k:
-        seq_mid_tiles = (m + 63) // 64 * ((n + 127) // 128)
-        units = (m + 127) // 128 * ((n + 127) // 128) * ((k + chunk - 1) // chunk)
-        if seq_mid_tiles <= num_sms and not (choice == SPLIT_WGMMA_CHOICE and units <= 2 * num_sms):
+        seq_mid_tiles = (m + 63) // 64 * ((n + 127) // 128)  # (split_units above: the parallel form's, 128 x 128)
+        if seq_mid_tiles <= num_sms and not (choice == SPLIT_WGMMA_CHOICE and split_units <= 2 * num_sms):
             choice = MID_WGMMA_P_CHOICE
     row = TILES[bucket * 8 + choice]
     # as Triton's autotuner prunes: no more pipeline stages than shared memory holds (fp32 tiles are twice
