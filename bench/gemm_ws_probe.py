@@ -36,13 +36,13 @@ try:
 except ImportError as e:  # a Triton without Gluon's Hopper API
     sys.exit(f"gemm_ws_probe: needs Triton's Gluon (3.6 or later): {e}")
 
-from detent_rl.kernels.matmul import launch_params, linear
+from detent_rl.kernels.matmul import linear
 from detent_rl.kernels.matmul_wgmma import _tile_offsets, tma_load, tma_store
 from detent_rl.kernels.matmul_wgmma_plan import linear_wgmma
-from detent_rl.timing import cold_copies, graph_seconds
+from detent_rl.timing import graph_seconds
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from partition_probe import deployment, partitions, selector  # noqa: E402
+from partition_probe import baseline, deployment, partitions, site_operands  # noqa: E402
 from sm90_compile import gluon_resources  # noqa: E402
 
 CASES = {  # n, k, the default tuple's chunk, bias: the cut sites, then K-whole ones (one accumulator: 256 columns fit)
@@ -308,19 +308,11 @@ def gpu(cases: list[str], ms: list[int], lags: list[int], rings: list[int], chun
     g = torch.Generator(device="cuda").manual_seed(0)
     for case, chunk in ((c, p) for c in cases for p in case_partitions(c, chunks, sms)):
         n, k, _, has_bias = CASES[case]
-        select = selector(case_deployment(case, sms), n, k, chunk)
-        w0 = (torch.randn(n, k, generator=g, device="cuda") / k ** 0.5).to(torch.bfloat16)
-        w = cold_copies(w0)
-        b = torch.randn(n, generator=g, device="cuda").to(torch.bfloat16) if has_bias else None
-        big = torch.randn(max(ms), k, generator=g, device="cuda").to(torch.bfloat16)
-        ref_all = linear(big, w0, b, chunk=chunk, parallel=False, block_m=64, block_n=64, block_k=64)
-        whole_all = linear(big, w0, b, chunk=k, parallel=False, block_m=64, block_n=64, block_k=64)
+        select, w0, w, b, big, ref_all, whole_all = site_operands(case_deployment(case, sms), n, k, has_bias,
+                                                                  chunk, max(ms), g)
         for m in ms:
             x, ref = big[:m], ref_all[:m]
-            cublas = us(lambda: F.linear(x, w(), b))
-            chosen = launch_params(select(m))
-            selected = us(lambda: linear(x, w(), b, **chosen))
-            same = torch.equal(linear(x, w0, b, **chosen), ref)
+            cublas, chosen, selected, same = baseline(x, w0, w, b, select, ref, us)
             seq = min((us(lambda: linear_wgmma(x, w(), b, chunk=chunk, block_m=128, block_n=128, block_k=64,
                                                num_buffers=ring, persistent=p)), ring, p)
                       for ring in (3, 4) for p in (False, True))

@@ -38,3 +38,13 @@ def test_the_warp_specialized_probe_compiles_for_sm90():
         args = dict(zip(("a_desc", "b_desc", "c_desc"), descs), bias_ptr="*bf16", M="i32", N="i32")
         registers, spill, shared = compile_.gluon_resources(probe.ws_chunked_kernel, args, meta, 4)
         assert spill == 0 and 0 < shared <= 227 * 1024, (k, chunk, block_n, registers, spill, shared)
+
+
+def test_the_fold_probe_compiles_for_sm90_without_spilling():
+    """`bench/gemm_fold_probe.py`'s kernel (the parallel form's units, the tile's last one adding the chunk sums):
+    64 x 128 and 128 x 128 on the 0.5B down projection, within shared memory and without spills (its first form,
+    unrolled over the chunks with the accumulator live, spilled 336-1,772 bytes a thread)."""
+    probe = load("gemm_fold_probe")
+    for block_m, ring, tile_major in ((64, 4, True), (128, 4, False)):
+        registers, spill, shared = probe.fold_resources("down05", block_m, 128, ring, tile_major)
+        assert spill == 0 and 0 < shared <= 227 * 1024, (block_m, registers, spill, shared)
