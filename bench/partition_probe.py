@@ -107,15 +107,15 @@ def selector(dep: Deployment, n: int, k: int, chunk: int):
     return KernelSelections(dep, commitment=pinned).get("matmul", n=n, k=k)
 
 
-def site_operands(dep: Deployment, n: int, k: int, has_bias: bool, chunk: int, max_m: int,
-                  g: torch.Generator) -> tuple:
+def site_operands(dep: Deployment, n: int, k: int, has_bias: bool, chunk: int, max_m: int, g: torch.Generator,
+                  device: str = "cuda") -> tuple:
     """(the selection with `chunk` pinned, w, its cold copies, the bias, max_m rows of x, `linear`'s rows under
-    `chunk` and under K whole (the control)) of an n x k site, on the GPU (the probes of one partition)."""
+    `chunk` and under K whole (the control)) of an n x k site (the probes of one partition; `g` on `device`)."""
     from detent_rl.timing import cold_copies
     select = selector(dep, n, k, chunk)
-    w0 = (torch.randn(n, k, generator=g, device="cuda") / k ** 0.5).to(torch.bfloat16)
-    b = torch.randn(n, generator=g, device="cuda").to(torch.bfloat16) if has_bias else None
-    big = torch.randn(max_m, k, generator=g, device="cuda").to(torch.bfloat16)
+    w0 = (torch.randn(n, k, generator=g, device=device) / k ** 0.5).to(torch.bfloat16)
+    b = torch.randn(n, generator=g, device=device).to(torch.bfloat16) if has_bias else None
+    big = torch.randn(max_m, k, generator=g, device=device).to(torch.bfloat16)
     ref_all = linear(big, w0, b, chunk=chunk, parallel=False, block_m=64, block_n=64, block_k=64)
     whole_all = linear(big, w0, b, chunk=k, parallel=False, block_m=64, block_n=64, block_k=64)
     return select, w0, cold_copies(w0), b, big, ref_all, whole_all

@@ -98,3 +98,21 @@ def test_the_warp_specialized_probes_barrier_protocol_holds_and_its_check_sees_e
         check.main(["--seeds", "1", "--mutation", mutation])  # (exits if the mutation went unseen)
         out = capsys.readouterr().out
         assert " 0 failed" not in out and f"(mutation: {mutation})" in out
+
+
+def test_the_gpu_probes_site_setup_and_baseline_on_the_cpu():
+    """`site_operands` and `baseline`, which the warp-specialized and fold probes run per case and M on the GPU:
+    on the CPU the selection's rows equal the partition's reference (one big call's first rows), K whole's rows
+    differ from them (the probes' control), and the timer sees both cuBLAS's thunk and the selection's."""
+    probe = load("partition_probe")
+    dep = probe.deployment("0.5b", 132, 227 * 1024)
+    g = torch.Generator().manual_seed(0)
+    select, w0, w, b, big, ref_all, whole_all = probe.site_operands(dep, 896, 4864, False, 640, 48, g, "cpu")
+    assert w() is w0 and b is None and big.shape == (48, 4864) and ref_all.shape == (48, 896)
+    assert not torch.equal(whole_all, ref_all)
+    timed = []
+    for m in (1, 17, 48):
+        cublas, chosen, selected, same = probe.baseline(big[:m], w0, w, b, select, ref_all[:m],
+                                                        lambda fn: timed.append(fn()) or 1.0)
+        assert same and chosen["chunk"] == 640 and cublas == selected == 1.0
+    assert [t.shape[0] for t in timed] == [1, 1, 17, 17, 48, 48]
