@@ -70,8 +70,26 @@ def assert_resume_repeats(tmp: Path, whole: Path, rows: dict[int, dict], *extra:
         assert again[step]["bit_match"] == 1.0
 
 
-def test_detent_run_is_bit_equal_stock_stops_with_a_report_and_inline_equals_ray(tmp_path):
-    ray_run, inline, stock = tmp_path / "ray", tmp_path / "inline", tmp_path / "stock"
+@pytest.fixture(scope="module")
+def inline2(tmp_path_factory) -> Path:
+    """The in-process run of the recipe, 2 steps without checkpoints: the reference three tests compare their Ray,
+    replica and placement runs against (one run, made once)."""
+    tmp = tmp_path_factory.mktemp("inline2")
+    _driver(_recipe(tmp, tmp / "inline"), "train.steps=2", "checkpoint.every=0", "ray.mode=inline")
+    return tmp / "inline"
+
+
+@pytest.fixture(scope="module")
+def inline6(tmp_path_factory) -> Path:
+    """The in-process run of the recipe, all 6 steps with its checkpoints every 3: the uninterrupted run the kill
+    and dead-engine tests resume against (one run, made once; no test writes into it)."""
+    tmp = tmp_path_factory.mktemp("inline6")
+    _driver(_recipe(tmp, tmp / "whole"), "ray.mode=inline")
+    return tmp / "whole"
+
+
+def test_detent_run_is_bit_equal_stock_stops_with_a_report_and_inline_equals_ray(tmp_path, inline2):
+    ray_run, inline, stock = tmp_path / "ray", inline2, tmp_path / "stock"
     _driver(_recipe(tmp_path, ray_run), "train.steps=2", "checkpoint.every=0")
     checks = _lines(ray_run, "bitcheck.jsonl")
     assert [c["bit_match"] for c in checks.values()] == [1.0, 1.0]
@@ -83,7 +101,6 @@ def test_detent_run_is_bit_equal_stock_stops_with_a_report_and_inline_equals_ray
     samples = [json.loads(x) for x in (ray_run / "samples.jsonl").read_text().splitlines()]
     assert [r["step"] for r in samples] == [1] * 6 + [2] * 6
     # the same recipe without Ray: workers in the driver's process, the same bits
-    _driver(_recipe(tmp_path, inline), "train.steps=2", "checkpoint.every=0", "ray.mode=inline")
     assert _lines(inline, "bitcheck.jsonl") == checks
     assert _lines(inline, "metrics.jsonl") == metrics
     assert (inline / "commitment.json").read_bytes() == (ray_run / "commitment.json").read_bytes()
@@ -102,15 +119,13 @@ def test_detent_run_is_bit_equal_stock_stops_with_a_report_and_inline_equals_ray
     assert check["bit_match"] < 1.0
 
 
-def test_engine_replicas_leave_every_request_its_bits(tmp_path):
+def test_engine_replicas_leave_every_request_its_bits(tmp_path, inline2):
     """Data-parallel rollout: with 2 and 3 engine replicas (each prompt's group dealt whole to one) every
     step's samples, bit-check and metrics equal the one-engine run's, in-process and with 2 engines
     as Ray actors whose weights come by a torch.distributed broadcast from the trainer (gloo here;
     each engine checks the trainer's digest). (The stock control is tests/test_dp_rollout.py's: this tiny model's CPU kernels
     round a row alike for every row count the split leaves, so its stock rollout does not move.)"""
-    one = tmp_path / "one"
-    _driver(_recipe(tmp_path, one), "train.steps=2", "checkpoint.every=0", "ray.mode=inline")
-    want = {name: _lines(one, name) for name in ("bitcheck.jsonl", "metrics.jsonl", "samples.jsonl")}
+    want = {name: _lines(inline2, name) for name in ("bitcheck.jsonl", "metrics.jsonl", "samples.jsonl")}
     assert [c["bit_match"] for c in want["bitcheck.jsonl"].values()] == [1.0, 1.0]
     for n, mode in ((2, "inline"), (3, "inline"), (2, "ray")):
         run = tmp_path / f"dp{n}{mode}"
@@ -123,14 +138,12 @@ def test_engine_replicas_leave_every_request_its_bits(tmp_path):
         assert transport == {"collective" if mode == "ray" else "device"}
 
 
-def test_placement_groups_colocated_and_disaggregated_keep_every_bit(tmp_path):
+def test_placement_groups_colocated_and_disaggregated_keep_every_bit(tmp_path, inline2):
     """`ray.placement`: the workers are Ray actors in one placement group — colocated, every engine and
     the trainer in bundle 0; disaggregated, a bundle each — and each run equals the in-process run's
     steps, the colocated one with its engines' KV cache freed around every update. (On a GPU the
     bundles are GPUs: one shared, or one each.)"""
-    one = tmp_path / "inline"
-    _driver(_recipe(tmp_path, one), "train.steps=2", "checkpoint.every=0", "ray.mode=inline")
-    want = {name: _lines(one, name) for name in ("bitcheck.jsonl", "metrics.jsonl", "samples.jsonl")}
+    want = {name: _lines(inline2, name) for name in ("bitcheck.jsonl", "metrics.jsonl", "samples.jsonl")}
     for placement, bundles in (("colocated", [0, 0, 0]), ("disaggregated", [0, 1, 2])):  # engines 0, 1; trainer
         run = tmp_path / placement
         release = ["rollout.release_memory=true"] if placement == "colocated" else []  # the KV cache freed per update
@@ -145,13 +158,12 @@ def test_placement_groups_colocated_and_disaggregated_keep_every_bit(tmp_path):
         assert [b["CPU"] for b in placed["bundles"]] == ([3.0] if placement == "colocated" else [1.0] * 3), placed
 
 
-def test_a_dead_engine_replica_stops_the_run_clearly_and_it_resumes_to_the_same_bits(tmp_path):
+def test_a_dead_engine_replica_stops_the_run_clearly_and_it_resumes_to_the_same_bits(tmp_path, inline6):
     """Two engine replicas as Ray actors; one is killed (SIGKILL to the pid the run recorded in
     workers.json) after the first checkpoint: the run stops with one line naming the engine, the step
     and the checkpoint to resume from (exit 3), and resumed it gives the uninterrupted run's later steps
     exactly."""
-    whole, broken = tmp_path / "whole", tmp_path / "broken"
-    _driver(_recipe(tmp_path, whole), "ray.mode=inline", "checkpoint.every=1")
+    whole, broken = inline6, tmp_path / "broken"  # (checkpoints every 3 there, every step here: no bit differs)
     proc = _driver(_recipe(tmp_path, broken), "rollout.num_engines=2", "ray.num_cpus=3", "checkpoint.every=1",
                    wait=False)
     deadline = time.time() + 600
@@ -173,9 +185,8 @@ def test_a_dead_engine_replica_stops_the_run_clearly_and_it_resumes_to_the_same_
         assert all(a[step] == b[step] for step in range(1, 7)), name
 
 
-def test_a_killed_run_resumes_to_the_uninterrupted_runs_bits(tmp_path):
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    _driver(_recipe(tmp_path, whole), "ray.mode=inline")
+def test_a_killed_run_resumes_to_the_uninterrupted_runs_bits(tmp_path, inline6):
+    whole, killed = inline6, tmp_path / "killed"
     rows = [json.loads(x) for x in (whole / "metrics.jsonl").read_text().splitlines()]
     saved = {r["step"]: r["checkpoint_time_s"] for r in rows if "checkpoint_time_s" in r}  # every 3 steps, of 6
     assert len(rows) == 6 and sorted(saved) == [3, 6] and all(t > 0 for t in saved.values()), saved
