@@ -38,7 +38,7 @@ except ImportError as e:  # a Triton without Gluon's Hopper API
 cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 from detent_rl.kernels.matmul import combine_splits, linear
-from detent_rl.kernels.matmul_wgmma import _chunk_sums, _issue_load, _tile_offsets
+from detent_rl.kernels.matmul_wgmma import SMEM_BYTES, _chunk_sums, _issue_load, _tile_offsets
 from detent_rl.kernels.matmul_wgmma_plan import linear_wgmma
 from detent_rl.timing import graph_seconds
 
@@ -47,7 +47,6 @@ from gemm_ws_probe import CASES, case_deployment  # noqa: E402
 from partition_probe import baseline, site_operands  # noqa: E402
 from sm90_compile import gluon_resources  # noqa: E402
 
-SMEM_BYTES = 227 * 1024
 # block_m, block_n, ring, programs per SM (0: one unit a program), tile-major
 VARIANTS = [(bm, bn, ring, per_sm, tm) for bm, bn, ring in ((64, 128, 4), (64, 128, 3), (128, 128, 4), (64, 64, 6))
             for per_sm in (0, 1, 2) for tm in (True, False)]
