@@ -20,7 +20,7 @@ from detent_rl.models.layers import Linear
 from detent_rl.models.model import CausalLM
 from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
-from detent_rl.timing import cold_copies, graph_seconds, median_seconds, sync
+from detent_rl.timing import GcPauses, cold_copies, graph_seconds, median_seconds, sync
 
 # 256: a GRPO batch's decode; 640-1,024: a serve's eager steps (768: the matmul program's FILL_M, its mid-M rule's end)
 GEMM_MS = (1, 8, 32, 128, 256, 512, 640, 768, 1024, 2048, 8192)
@@ -153,23 +153,27 @@ class Bench:
     def _serve(self, engine: Engine, arrivals: list[float], trace: list[tuple[list[int], SamplingParams]]) -> dict:
         order = sorted(range(len(trace)), key=lambda i: arrivals[i])
         seqs, finished, at, steps, eager = {}, {}, 0, [], []  # eager: each step call's tokens in `_step` steps
-        captured = _captured(engine)
+        captured, step_gc = _captured(engine), []  # step_gc: the collector's ms inside each step call
         t0 = time.perf_counter()
-        while at < len(order) or not engine.idle:
-            now = time.perf_counter() - t0
-            while at < len(order) and arrivals[order[at]] <= now:
-                i = order[at]
-                seqs[engine.add(*trace[i]).seq_id] = i
-                at += 1
-            if engine.idle:
-                time.sleep(max(0.0, arrivals[order[at]] - now))
-                continue
-            t_step, before, tokens = time.perf_counter(), engine.eager_steps, engine.eager_tokens
-            for s in engine.step():
-                finished[seqs[s.seq_id]] = (time.perf_counter() - t0, len(s.completion))
-            steps.append(time.perf_counter() - t_step)
-            eager.append(engine.eager_tokens - tokens if engine.eager_steps > before else 0)
+        with GcPauses() as collector:
+            while at < len(order) or not engine.idle:
+                now = time.perf_counter() - t0
+                while at < len(order) and arrivals[order[at]] <= now:
+                    i = order[at]
+                    seqs[engine.add(*trace[i]).seq_id] = i
+                    at += 1
+                if engine.idle:
+                    time.sleep(max(0.0, arrivals[order[at]] - now))
+                    continue
+                t_step, before, tokens, gc_ms = time.perf_counter(), engine.eager_steps, engine.eager_tokens, \
+                    collector.ms
+                for s in engine.step():
+                    finished[seqs[s.seq_id]] = (time.perf_counter() - t0, len(s.completion))
+                steps.append(time.perf_counter() - t_step)
+                step_gc.append(collector.ms - gc_ms)
+                eager.append(engine.eager_tokens - tokens if engine.eager_steps > before else 0)
         per_token = sorted((end - arrivals[i]) / n for i, (end, n) in finished.items())
+        slowest = max(range(len(steps)), key=steps.__getitem__)
         pick = lambda q: 1e3 * per_token[min(len(per_token) - 1, int(q * len(per_token)))]  # noqa: E731
         # the host's time in each step call: a compile or another stall inside the timed run shows as the slowest;
         # the step calls that ran an eager step (prefill, mixed) apart from those that only replayed decode graphs
@@ -179,7 +183,10 @@ class Bench:
                 "eager_steps": sum(map(bool, eager)), "eager_ms": 1e3 * sum(t for t, e in zip(steps, eager) if e),
                 "eager_tokens_median": statistics.median([e for e in eager if e] or [0]),
                 "eager_tokens_max": max(eager),
-                "step_max_tokens": eager[max(range(len(steps)), key=steps.__getitem__)],  # 0: a decode replay
+                "step_max_tokens": eager[slowest],  # 0: a decode replay
+                # the collector's passes over the serve (all of it, steps and the host's waits between them): a full
+                # pass walks every tracked object, and one inside a step holds every decoding request's next token
+                "gc_full": collector.full, "gc_ms": collector.ms, "gc_step_max_ms": step_gc[slowest],
                 "captures": _captured(engine) - captured,
                 "graph_ms": 1e3 * sum(t for t, e in zip(steps, eager) if not e)}
 

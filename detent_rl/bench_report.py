@@ -152,6 +152,8 @@ def render(results: dict) -> str:
                     f", {r['captures']} graphs captured" if "captures" in r else "") + (
                     f" ({r['eager_steps']} eager{_tokens(r)}: {r['eager_ms']:.0f} ms; the rest {r['graph_ms']:.0f} ms)"
                     if "eager_ms" in r else "") + (f"; {r['compiles']} compiles" if "compiles" in r else "") + (
+                    f"; GC {r['gc_full']} full passes, {r['gc_ms']:.0f} ms in all ({r['gc_step_max_ms']:.1f} in the "
+                    "slowest step)" if "gc_ms" in r else "") + (
                     f"; warm-up {r['warmup_s']:.1f} s, {r['warmup_mib']:,.0f} MiB" if "warmup_mib" in r else "")
             else:
                 text = f"{r['ms_per_step']:.3f} ms/step" + (f", {r['roofline_pct']:.0f} % of roofline"

@@ -28,6 +28,7 @@ def test_quick_bench_runs_every_arm_and_case(tmp_path, capsys):
         p = data["cases"]["poisson"][arm]
         assert 0 < p["p50_ms"] <= p["p90_ms"] <= p["p99_ms"]
         assert p["steps"] > 0 and 0 < p["step_median_ms"] <= p["step_max_ms"]  # a stall in the timed run shows
+        assert p["gc_full"] >= 0 and 0 <= p["gc_step_max_ms"] <= min(p["gc_ms"], p["step_max_ms"])  # its GC pauses
         assert p["compiles"] == 0 and p["warmup_s"] > 0  # (the CPU compiles nothing; the GPU's count is the check)
         assert p["warmup_mib"] == 0  # the device memory the warm-up kept: none on the CPU (the GPU reports its pools)
         assert 0 < p["eager_steps"] <= p["steps"] and p["eager_ms"] > 0 and p["graph_ms"] >= 0
