@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from detent_rl.kernels._triton import interpreting, pdl, pdl_enter, tl, triton
+from detent_rl.kernels.attention_combine import combine_kv_splits
 from detent_rl.kernels.launch import launch
 
 
@@ -189,44 +190,6 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_
             tl.store(o_ptr + rows[:, None] * stride_ot + head[:, None] * stride_oh + split * stride_os + d[None, :],
                      acc, mask=row_ok[:, None])
 
-@triton.jit
-def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, pos_ptr, lse_ptr, stride_mt, stride_mh, stride_ot, stride_oh,
-                    stride_os, stride_outt, stride_outh, stride_lh, split_len, HEAD_DIM: tl.constexpr,
-                    UNROLL: tl.constexpr, LSE: tl.constexpr, PDL: tl.constexpr):
-    """Splits j = 0, 1, ... of one (row, head) folded in order. Each trip issues UNROLL splits' loads
-    before their arithmetic (a split's loads no longer wait on the previous split's sums); the sums
-    still add split j after split j - 1, the same operations as the plain loop (`tests/combine_cases.py`
-    holds the two to the same bits). A trip's splits past the row's last re-load that one and leave
-    the sums as they were."""
-    pdl_enter(PDL)
-    t = tl.program_id(0)
-    h = tl.program_id(1)
-    n = tl.load(pos_ptr + t) // split_len + 1
-    d = tl.arange(0, HEAD_DIM)
-    ks = tl.arange(0, UNROLL)
-    base = t * stride_mt + h * stride_mh
-    mx = tl.load(m_ptr + base)
-    for j0 in range(0, n, UNROLL):  # the maximum is exact: any order, so whole vectors at a time
-        mx = tl.maximum(mx, tl.max(tl.load(m_ptr + base + j0 + ks, mask=j0 + ks < n, other=float("-inf")), 0))
-    total = tl.zeros([1], tl.float32)
-    acc = tl.zeros([HEAD_DIM], tl.float32)
-    o_row = o_ptr + t * stride_ot + h * stride_oh
-    for j0 in range(0, n, UNROLL):  # splits in order, the same arithmetic for prefill and decode
-        for k in tl.static_range(UNROLL):
-            j = tl.minimum(j0 + k, n - 1)
-            live = j0 + k < n
-            w = tl.exp(tl.load(m_ptr + base + j) - mx)
-            total = tl.where(live, total + tl.load(l_ptr + base + j) * w, total)
-            acc = tl.where(live, acc + tl.load(o_row + j * stride_os + d) * w, acc)
-    tl.store(out_ptr + t * stride_outt + h * stride_outh + d, (acc / total).to(out_ptr.dtype.element_ty))
-    if LSE:  # the row's log-sum-exp of its scaled scores, [H, T]: what a FlashAttention backward takes
-        tl.store(lse_ptr + h * stride_lh + t + tl.arange(0, 1), mx + tl.log(total))
-
-
-COMBINE_UNROLL = 4  # splits a combine trip loads at once
-COMBINE_WARPS = 1  # a (row, head) is HEAD_DIM values: one warp holds them
-
-
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta, block_n: int,
            split_size: int) -> None:
     assert q.dim() == 3 and k_cache.dim() == 4 and k_cache.shape == v_cache.shape, \
@@ -301,10 +264,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         PREFETCH=prefetch, DIRECT=direct, LSE=lse is not None, TREE_SUM=tree_sum, num_warps=num_warps, num_stages=num_stages, **pdl(q))
     if direct:
         return out
-    launch(_combine_kernel, (T, H), m, lsum, o, out, meta.token_pos, lse if lse is not None else m, m.stride(0),
-           m.stride(1), o.stride(0), o.stride(1), o.stride(2), out.stride(0), out.stride(1),
-           lse.stride(0) if lse is not None else 0, split_size, HEAD_DIM=D, UNROLL=COMBINE_UNROLL,
-           LSE=lse is not None, num_warps=COMBINE_WARPS, **pdl(q))
+    combine_kv_splits(m, lsum, o, out, meta.token_pos, lse, split_size)
     return out
 
 

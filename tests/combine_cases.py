@@ -1,5 +1,6 @@
-"""The attention combine's unrolled loops against the plain loop they replaced: the same output and
-log-sum-exp bits for rows of 1-9 splits (a trip of `COMBINE_UNROLL` splits, and its remainder).
+"""The attention combine's unrolled loops, one program a (row, head) or a row's heads in one, against the plain
+loop they replaced: the same output and log-sum-exp bits for rows of 1-9 splits (a trip of `COMBINE_UNROLL` or
+`COMBINE_HEADS_UNROLL` splits, and its remainder; 3 and 14 heads, padded to 4 and 16 in the one-program-a-row kernel).
 Used by the interpreted test (logic) and the GPU test (bits); the control gives the plain loop each row's
 splits in reverse order, which the same comparison must see."""
 from __future__ import annotations
@@ -7,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from detent_rl.kernels._triton import pdl_enter, tl, triton
-from detent_rl.kernels.attention import COMBINE_UNROLL, COMBINE_WARPS, _combine_kernel
+from detent_rl.kernels.attention_combine import (COMBINE_HEADS_UNROLL, COMBINE_HEADS_WARPS, COMBINE_UNROLL,
+                                                 COMBINE_WARPS, _combine_heads_kernel, _combine_kernel)
 
 
 @triton.jit
@@ -62,22 +64,28 @@ def _reversed(pos: torch.Tensor, split_len: int, *partials: torch.Tensor) -> lis
     return out
 
 
-def combine_both(device: str, dtype: torch.dtype, reverse: bool = False, seed: int = 0):
-    """(unrolled, plain) outputs and log-sum-exps of the same partials (reverse: the plain loop's splits in
-    reverse order, the control)."""
-    rows, heads, splits, dim, split_len = 45, 3, 9, 64, 256
+def combine_both(device: str, dtype: torch.dtype, reverse: bool = False, seed: int = 0, kernel: str = "unrolled",
+                 heads: int = 3):
+    """(`kernel`'s, the plain loop's) outputs and log-sum-exps of the same partials; `kernel`: "unrolled"
+    (`_combine_kernel`) or "heads" (`_combine_heads_kernel`). reverse: the plain loop's splits in reverse order
+    (the control)."""
+    rows, splits, dim, split_len = 45, 9, 64, 256
     m, lsum, o, pos = _partials(device, rows, heads, splits, dim, split_len, seed)
     got = []
-    for kernel in ("unrolled", "plain"):
-        if kernel == "plain" and reverse:
+    for which in (kernel, "plain"):
+        if which == "plain" and reverse:
             m, lsum, o = _reversed(pos, split_len, m, lsum, o)
         out = torch.empty(rows, heads, dim, dtype=dtype, device=device)
         lse = torch.empty(heads, rows, dtype=torch.float32, device=device)
         args = (m, lsum, o, out, pos, lse, m.stride(0), m.stride(1), o.stride(0), o.stride(1), o.stride(2),
                 out.stride(0), out.stride(1), lse.stride(0), split_len)
-        if kernel == "unrolled":
+        if which == "unrolled":
             _combine_kernel[(rows, heads)](*args, HEAD_DIM=dim, UNROLL=COMBINE_UNROLL, LSE=True, PDL=False,
                                            num_warps=COMBINE_WARPS)
+        elif which == "heads":
+            _combine_heads_kernel[(rows,)](*args, heads, HEAD_DIM=dim, HEADS_P2=triton.next_power_of_2(heads),
+                                           UNROLL=COMBINE_HEADS_UNROLL, LSE=True, PDL=False,
+                                           num_warps=COMBINE_HEADS_WARPS)
         else:
             ordered_combine[(rows, heads)](*args, HEAD_DIM=dim, UNROLL=1, LSE=True, PDL=False)
         got.append((out, lse))
@@ -85,16 +93,18 @@ def combine_both(device: str, dtype: torch.dtype, reverse: bool = False, seed: i
 
 
 def check_combine(device: str, dtype: torch.dtype) -> list[str]:
-    """What differs between the unrolled and the plain combine (nothing, if the bits hold), and, as the
+    """What differs between each combine kernel and the plain loop (nothing, if the bits hold), and, as the
     control, whether the splits folded in reverse are seen (a list entry when they are NOT)."""
     bad = []
-    for seed in (0, 1):
-        (out, lse), (ref, ref_lse) = combine_both(device, dtype, seed=seed)
-        if not torch.equal(out, ref):
-            bad.append(f"{dtype}, seed {seed}: {int((out != ref).sum())} output values differ")
-        if not torch.equal(lse, ref_lse):
-            bad.append(f"{dtype}, seed {seed}: {int((lse != ref_lse).sum())} log-sum-exps differ")
-    (out, lse), (rev, rev_lse) = combine_both(device, dtype, reverse=True)
-    if torch.equal(out, rev) and torch.equal(lse, rev_lse):
-        bad.append(f"{dtype}: control: the splits folded in reverse were not seen")
+    for kernel, heads in (("unrolled", 3), ("heads", 3), ("heads", 14)):
+        for seed in (0, 1):
+            (out, lse), (ref, ref_lse) = combine_both(device, dtype, seed=seed, kernel=kernel, heads=heads)
+            if not torch.equal(out, ref):
+                bad.append(f"{kernel}, {heads} heads, {dtype}, seed {seed}: {int((out != ref).sum())} outputs differ")
+            if not torch.equal(lse, ref_lse):
+                bad.append(f"{kernel}, {heads} heads, {dtype}, seed {seed}: {int((lse != ref_lse).sum())} "
+                           f"log-sum-exps differ")
+        (out, lse), (rev, rev_lse) = combine_both(device, dtype, reverse=True, kernel=kernel, heads=heads)
+        if torch.equal(out, rev) and torch.equal(lse, rev_lse):
+            bad.append(f"{kernel}, {heads} heads, {dtype}: control: the splits folded in reverse were not seen")
     return bad

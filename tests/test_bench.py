@@ -5,6 +5,9 @@ themselves are the H200's (docs/BENCHMARKS.md)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -190,8 +193,6 @@ def test_decode_profile_counts_idle_time_where_no_kernel_span_is_open():
     """`bench/decode_profile.py`'s gaps: under PDL spans overlap, and a span that opens later may close first;
     the device is idle only where no span is open (the union's complement), and busy for the union."""
     import importlib.util
-    import sys
-    from pathlib import Path
     from types import SimpleNamespace
 
     import torch
@@ -382,15 +383,16 @@ def test_kernel_times_count_a_pdl_wait_once():
 def test_combine_bench_names_a_bad_schedule_and_swaps_the_engines_combine():
     """`bench/combine_bench.py`: a schedule not of the form uUwW, or bench arguments without --engine, are refused
     with the value named; --engine sets the engine's combine before the bench (or --script) parses its arguments."""
-    import subprocess
-    import sys
-    from pathlib import Path
     script = str(Path(__file__).parent.parent / "bench" / "combine_bench.py")
     run = lambda *a: subprocess.run([sys.executable, "-P", script, *a], capture_output=True, text=True)  # noqa: E731
-    assert "'u4x1': expected uUwW" in run("--schedules", "u4x1").stderr
+    assert "'u4x1': expected uUwW or hUwW" in run("--schedules", "u4x1").stderr
     assert "(--x) are the bench's: they need --engine" in run("--", "--x").stderr
     swapped = run("--engine", "u2w1", "--", "--help")
     assert swapped.returncode == 0 and "combine: u2w1 (_combine_kernel, 2 splits a trip, 1 warps)" in swapped.stdout
+    rows = run("--engine", "h2w4", "--", "--help")
+    assert rows.returncode == 0 and "combine: h2w4 (_combine_heads_kernel, 2 splits a trip, 4 warps)" in rows.stdout
+    both = run("--engine", "u4w1", "--heads-from", "512", "--", "--help").stdout
+    assert "(_combine_kernel, 4 splits a trip, 1 warps; from 512 rows _combine_heads_kernel, 2 splits" in both
     plain = run("--engine", "plain", "--", "--help")
     assert plain.returncode == 0 and "combine: plain (ordered_combine, one split a trip, 4 warps)" in plain.stdout
     profile = run("--engine", "u8w1", "--script", str(Path(script).parent / "decode_profile.py"), "--", "--help")

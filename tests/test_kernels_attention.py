@@ -35,12 +35,15 @@ def test_packed_tiles_interpreted():
     keys loaded one block ahead): under the CPU interpreter all equal the reference, on prefill,
     chunked and decode steps whose keys cross pages and splits (logic only; the GPU tests compare bits).
     The log-sum-exp the combine writes for the trainer's backward equals each row's, split or not; with one
-    split the attention kernel writes the rows and log-sum-exp the combine would."""
+    split the attention kernel writes the rows and log-sum-exp the combine would, and a row's heads combined in
+    one program (`_combine_heads_kernel`, padded heads) the ones a program per (row, head) writes."""
     from interpreted import run_interpreted
     proc = run_interpreted("""
 import torch
 from attention_cases import FACTS, Requests, selections
+import detent_rl.kernels.attention_combine as combiner
 from detent_rl.kernels.attention import attention_ref
+heads_from = combiner.COMBINE_HEADS_FROM
 facts = {**FACTS, "num_heads": 6, "num_kv_heads": 2, "head_dim": 16}
 _, detent = selections(facts)
 small = lambda *a: detent(*a)._replace(block_m=16, block_n=16, split_size=32, num_splits=16, num_stages=1)
@@ -48,6 +51,11 @@ reqs = Requests([36, 3, 1], facts, torch.float32, "cpu", seed=2)
 for pack, prefetch in ((1, True), (3, True), (3, False)):
     reqs.pack, reqs.prefetch, reqs.keep_lse = pack, prefetch, True
     outs = reqs.step([(0, 0, 36), (1, 0, 3), (2, 0, 1)], small)
+    lse = reqs.lse.clone()
+    combiner.COMBINE_HEADS_FROM = 0  # every combine one program a row (6 heads padded to 8): the same bits
+    rows = reqs.step([(0, 0, 36), (1, 0, 3), (2, 0, 1)], small)
+    combiner.COMBINE_HEADS_FROM = heads_from
+    assert torch.equal(reqs.lse, lse) and all(map(torch.equal, rows, outs)), ("a row's heads in one program", pack)
     at = 0
     for r, n in ((0, 36), (1, 3), (2, 1)):  # each row's log-sum-exp of its scaled causal scores
         rep = reqs.q[r].shape[1] // reqs.k[r].shape[1]

@@ -1,0 +1,111 @@
+"""The attention's split combine: each (row, head)'s split partials (maximum, sum, fp32 output) folded in split order
+j = 0, 1, ... into the row's output and log-sum-exp (`kernels/attention.py` writes the partials). Two kernels do the
+same operations in the same order on each element, so they write the same bits (tests/combine_cases.py holds them
+to the plain loop's): `_combine_kernel`, one one-warp program a (row, head), and `_combine_heads_kernel`, one program
+a row for all its heads. Which one runs is a schedule, chosen by the row count (`COMBINE_HEADS_FROM`)."""
+from __future__ import annotations
+
+import torch
+
+from detent_rl.kernels._triton import pdl, pdl_enter, tl, triton
+from detent_rl.kernels.launch import launch
+
+
+@triton.jit
+def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, pos_ptr, lse_ptr, stride_mt, stride_mh, stride_ot, stride_oh,
+                    stride_os, stride_outt, stride_outh, stride_lh, split_len, HEAD_DIM: tl.constexpr,
+                    UNROLL: tl.constexpr, LSE: tl.constexpr, PDL: tl.constexpr):
+    """Splits j = 0, 1, ... of one (row, head) folded in order. Each trip issues UNROLL splits' loads
+    before their arithmetic (a split's loads no longer wait on the previous split's sums); the sums
+    still add split j after split j - 1, the same operations as the plain loop (`tests/combine_cases.py`
+    holds the two to the same bits). A trip's splits past the row's last re-load that one and leave
+    the sums as they were."""
+    pdl_enter(PDL)
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    n = tl.load(pos_ptr + t) // split_len + 1
+    d = tl.arange(0, HEAD_DIM)
+    ks = tl.arange(0, UNROLL)
+    base = t * stride_mt + h * stride_mh
+    mx = tl.load(m_ptr + base)
+    for j0 in range(0, n, UNROLL):  # the maximum is exact: any order, so whole vectors at a time
+        mx = tl.maximum(mx, tl.max(tl.load(m_ptr + base + j0 + ks, mask=j0 + ks < n, other=float("-inf")), 0))
+    total = tl.zeros([1], tl.float32)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    o_row = o_ptr + t * stride_ot + h * stride_oh
+    for j0 in range(0, n, UNROLL):  # splits in order, the same arithmetic for prefill and decode
+        for k in tl.static_range(UNROLL):
+            j = tl.minimum(j0 + k, n - 1)
+            live = j0 + k < n
+            w = tl.exp(tl.load(m_ptr + base + j) - mx)
+            total = tl.where(live, total + tl.load(l_ptr + base + j) * w, total)
+            acc = tl.where(live, acc + tl.load(o_row + j * stride_os + d) * w, acc)
+    tl.store(out_ptr + t * stride_outt + h * stride_outh + d, (acc / total).to(out_ptr.dtype.element_ty))
+    if LSE:  # the row's log-sum-exp of its scaled scores, [H, T]: what a FlashAttention backward takes
+        tl.store(lse_ptr + h * stride_lh + t + tl.arange(0, 1), mx + tl.log(total))
+
+
+@triton.jit
+def _combine_heads_kernel(m_ptr, l_ptr, o_ptr, out_ptr, pos_ptr, lse_ptr, stride_mt, stride_mh, stride_ot, stride_oh,
+                          stride_os, stride_outt, stride_outh, stride_lh, split_len, HEADS, HEAD_DIM: tl.constexpr,
+                          HEADS_P2: tl.constexpr, UNROLL: tl.constexpr, LSE: tl.constexpr, PDL: tl.constexpr):
+    """`_combine_kernel` for every head of one row in one program (heads padded to HEADS_P2, the pad masked):
+    each (head, value) element takes the same operations in the same order as there, split after split, so
+    the same bits; a prefill of T rows launches T programs instead of T x heads one-warp programs, each of
+    which waits on its own chain of loads (the maxima, then the sums)."""
+    pdl_enter(PDL)
+    t = tl.program_id(0)
+    n = tl.load(pos_ptr + t) // split_len + 1
+    d = tl.arange(0, HEAD_DIM)
+    h = tl.arange(0, HEADS_P2)
+    live_h = h < HEADS
+    ks = tl.arange(0, UNROLL)
+    base = t * stride_mt + h * stride_mh  # [HEADS_P2]
+    mx = tl.load(m_ptr + base, mask=live_h, other=0.0)
+    for j0 in range(0, n, UNROLL):  # the maximum is exact: any order
+        js = j0 + ks
+        mj = tl.load(m_ptr + base[:, None] + js[None, :], mask=live_h[:, None] & (js < n)[None, :],
+                     other=float("-inf"))
+        mx = tl.maximum(mx, tl.max(mj, 1))
+    total = tl.zeros([HEADS_P2], tl.float32)
+    acc = tl.zeros([HEADS_P2, HEAD_DIM], tl.float32)
+    o_row = o_ptr + t * stride_ot + h[:, None] * stride_oh + d[None, :]
+    for j0 in range(0, n, UNROLL):  # splits in order, as `_combine_kernel`
+        for k in tl.static_range(UNROLL):
+            j = tl.minimum(j0 + k, n - 1)
+            live = j0 + k < n
+            w = tl.exp(tl.load(m_ptr + base + j, mask=live_h, other=0.0) - mx)
+            total = tl.where(live, total + tl.load(l_ptr + base + j, mask=live_h, other=1.0) * w, total)
+            acc = tl.where(live, acc + tl.load(o_row + j * stride_os, mask=live_h[:, None], other=0.0) * w[:, None],
+                           acc)
+    tl.store(out_ptr + t * stride_outt + h[:, None] * stride_outh + d[None, :],
+             (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=live_h[:, None])
+    if LSE:
+        tl.store(lse_ptr + h * stride_lh + t, mx + tl.log(total), mask=live_h)
+
+
+COMBINE_UNROLL = 4  # splits a combine trip loads at once
+COMBINE_WARPS = 1  # a (row, head) is HEAD_DIM values: one warp holds them
+# `_combine_heads_kernel`: a row's heads (HEADS_P2 x HEAD_DIM values) on 4 warps, 2 splits a trip, from 256 rows
+# (launches of fewer rows take the (row, head) kernel). Schedules (the same bits), set by bench/combine_bench.py's
+# per-launch table (H100, session 47, µs): 256 rows x 14 heads x 2 splits 3.76 -> 2.33, 2,048 x 14 x 2 18.8 -> 4.4,
+# 8,192 x 14 x 4 71 -> 48; at 64 rows even (2.14 against 2.33-2.61), at 1-32 rows and at 1-2 rows of 47-48 splits
+# (long-context decode) slower (1.8 -> 2.0, 5.5 -> 12.5-16.7)
+COMBINE_HEADS_UNROLL = 2
+COMBINE_HEADS_WARPS = 4
+COMBINE_HEADS_FROM = 256
+
+
+def combine_kv_splits(m: torch.Tensor, lsum: torch.Tensor, o: torch.Tensor, out: torch.Tensor,
+                      token_pos: torch.Tensor, lse: torch.Tensor | None, split_size: int) -> None:
+    """Fold the partials m, lsum [T, H, splits] and o [T, H, splits, D] of rows at positions `token_pos` into
+    `out` [T, H, D] (and `lse` [H, T], when given)."""
+    T, H, D = out.shape
+    args = (m, lsum, o, out, token_pos, lse if lse is not None else m, m.stride(0), m.stride(1), o.stride(0),
+            o.stride(1), o.stride(2), out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0, split_size)
+    if T >= COMBINE_HEADS_FROM:
+        launch(_combine_heads_kernel, (T,), *args, H, HEAD_DIM=D, HEADS_P2=triton.next_power_of_2(H),
+               UNROLL=COMBINE_HEADS_UNROLL, LSE=lse is not None, num_warps=COMBINE_HEADS_WARPS, **pdl(out))
+    else:
+        launch(_combine_kernel, (T, H), *args, HEAD_DIM=D, UNROLL=COMBINE_UNROLL, LSE=lse is not None,
+               num_warps=COMBINE_WARPS, **pdl(out))
