@@ -261,7 +261,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         GROUP=H // k_cache.shape[2], PACK=meta.pack, PAGE=k_cache.shape[1], HEAD_DIM=D, BLOCK_M=meta.block_m,
         BLOCK_N=block_n,
         IEEE=q.dtype == torch.float32, UPCAST=interpreting() and q.dtype != torch.float32,
-        PREFETCH=prefetch, DIRECT=direct, LSE=lse is not None, TREE_SUM=tree_sum, num_warps=num_warps, num_stages=num_stages, **pdl(q))
+        PREFETCH=prefetch, DIRECT=direct, LSE=lse is not None, TREE_SUM=tree_sum, num_warps=num_warps,
+        num_stages=num_stages, **pdl(q))
     if direct:
         return out
     combine_kv_splits(m, lsum, o, out, meta.token_pos, lse, split_size)
