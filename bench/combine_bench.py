@@ -30,7 +30,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 SHAPES = ((1, 14, 2), (32, 14, 2), (256, 14, 2), (256, 14, 3), (64, 14, 3), (2048, 14, 2), (8192, 14, 4),
-          (1, 12, 48), (2, 12, 47))  # (rows, heads, splits a row): decode of the 0.5B, prefills, a 12,000-token context
+          (1, 12, 48), (2, 12, 47), (256, 12, 24), (8192, 12, 24))
+# (rows, heads, splits a row): decode of the 0.5B, prefills, a 12,000-token context's decode and its prompt's chunks
 
 
 def parse_schedule(text: str) -> tuple[str, int, int]:

@@ -90,7 +90,8 @@ COMBINE_WARPS = 1  # a (row, head) is HEAD_DIM values: one warp holds them
 # (launches of fewer rows take the (row, head) kernel). Schedules (the same bits), set by bench/combine_bench.py's
 # per-launch table (H100, session 47, µs): 256 rows x 14 heads x 2 splits 3.76 -> 2.33, 2,048 x 14 x 2 18.8 -> 4.4,
 # 8,192 x 14 x 4 71 -> 48; at 64 rows even (2.14 against 2.33-2.61), at 1-32 rows and at 1-2 rows of 47-48 splits
-# (long-context decode) slower (1.8 -> 2.0, 5.5 -> 12.5-16.7)
+# (long-context decode) slower (1.8 -> 2.0, 5.5 -> 12.5-16.7). One split a trip was as fast on that table's shapes;
+# two is a hedge for rows of many splits, which it lacks at 256 rows or more (docs/BENCHMARKS.md, session 47)
 COMBINE_HEADS_UNROLL = 2
 COMBINE_HEADS_WARPS = 4
 COMBINE_HEADS_FROM = 256
