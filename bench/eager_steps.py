@@ -17,7 +17,10 @@ its ratio to stock and the rounds' range. `--step-graphs` adds each arm's engine
 time a step and its N costliest kernels by exclusive time (`detent_rl/kernel_times.py`: a PDL wait counted once):
 what of a step's wall is the GPU's and which kernels differ between the arms. `--host-top N` prints each arm's N
 costliest host functions by own time over the steps of each shape (cProfile; a function's wait for the device counts
-as its own: the sampled tokens' read holds the GPU's time). `--linear-from FILE` adds the arm `tuned (FILE)`: the
+as its own: the sampled tokens' read holds the GPU's time). `--phases` times named functions of each arm's steps by
+real time instead (`detent_rl/host_phases.py`: inclusive host µs a step and a call; cProfile inflates Python-heavy
+calls several times): the step, its inputs, the pieces' replays, the attention between them and its launches, the
+LM head and the sampler. `--linear-from FILE` adds the arm `tuned (FILE)`: the
 same engine with `linear` taken from another version of kernels/matmul.py (`git show 4d595e0:kernels/matmul.py >
 old.py`: before session 33's routes), an A/B of the linear's host path in one process. On the CPU it runs too (slowly:
 use `--model tiny --commitment ''`: the default tuple, arm `detent`), without warm-up or warpgroup kernels."""
@@ -33,6 +36,7 @@ import time
 
 import torch
 
+from detent_rl.host_phases import host_phases
 from detent_rl.kernels import autograd
 from detent_rl.kernel_times import kernel_times
 from detent_rl.kernels.commitment import CommitmentTuple
@@ -47,6 +51,18 @@ SHAPES = {"mixed 47 x 1 + 256": [(300, 1)] * 47 + [(0, 256)],
           "serve 40 x 1 + 2 x 288": [(400, 1)] * 40 + [(0, 288)] * 2, "prefill 4 x 256": [(0, 256)] * 4,
           "eager 48 rows": [(300, 1)] * 47 + [(0, 2)],
           "grpo prefill 32 x 200 + 224 x 8": [(0, 200)] * 32 + [(192, 8)] * 224}
+# the functions `--phases` times (the bindings the engine's step calls through)
+PHASES = ["detent_rl.rollout.engine:Engine._step", "detent_rl.rollout.engine:step_inputs",
+          "detent_rl.models.runner:attn_meta", "detent_rl.kernels.attention:device_tensor",
+          "detent_rl.models.runner:device_tensor", "detent_rl.models.model:CausalLM.select_attention", "torch:tensor",
+          "torch:Tensor.to",
+          "detent_rl.rollout.step_graphs:StepGraphs.forward", "torch.cuda:CUDAGraph.replay",
+          "detent_rl.models.layers:Attention.attend", "detent_rl.models.layers:attention_autograd",
+          "detent_rl.kernels.autograd:paged_attention", "detent_rl.kernels.attention:_check",
+          "detent_rl.kernels.attention:launch", "detent_rl.kernels.attention:plan_for",
+          "detent_rl.kernels.attention_plan:_Plan.replay", "detent_rl.kernels.attention_plan:_Plan.record",
+          "detent_rl.kernels.attention_combine:launch", "detent_rl.models.model:CausalLM.logits",
+          "detent_rl.rollout.engine:sample"]
 
 
 def main() -> None:
@@ -61,6 +77,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="", help="comma-separated first words of the shapes to run (default: all)")
     ap.add_argument("--kernels", type=int, default=0, help="profile each arm's steps: device time, top N kernels")
     ap.add_argument("--host-top", type=int, default=0, help="each arm's N costliest host functions (cProfile)")
+    ap.add_argument("--phases", action="store_true", help="each arm's host µs in named functions (real time)")
     args = ap.parse_args()
     args.step_graphs = args.step_graphs or args.pieces_only
     wanted = [w for w in args.shapes.split(",") if w]
@@ -119,6 +136,16 @@ def main() -> None:
                 sync(torch.device(device))
             print(f"{args.model} {name}, {label}: the host's costliest functions over {args.steps} steps")
             pstats.Stats(host).sort_stats("tottime").print_stats(args.host_top)
+        for label, name, engine, spans in _each(arms, shapes, engines) if args.phases else ():
+            sync(torch.device(device))
+            with host_phases(PHASES) as phases:
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    engine._step(spans)
+                sync(torch.device(device))
+                wall = (time.perf_counter() - t0) / args.steps * 1e6
+            print(f"{args.model} {name}, {label}: host µs in named functions, {wall:.0f} µs a step of wall "
+                  f"(timed)\n{phases.table(args.steps)}", flush=True)
     finally:
         autograd.linear = ours
     base_label = arms[0][0]
