@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import torch
 
 from detent_rl.kernels._triton import interpreting, pdl, pdl_enter, tl, triton
-from detent_rl.kernels.attention_combine import combine_kv_splits
+from detent_rl.kernels.attention_combine import combine_call
+from detent_rl.kernels.attention_plan import plan_for
 from detent_rl.kernels.launch import launch
 
 
@@ -44,6 +45,9 @@ class AttnMeta:
     # host copies of cu_q and pos0 where the builder had them (attn_meta): read without a device sync
     cu_q_host: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
     pos0_host: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
+    # the split partials' buffers of the step's layers (`paged_attention` without `lse`), shared by its calls:
+    # a dict where the builder allows it (attn_meta's eager steps; not a captured graph's metadata)
+    scratch: dict | None = field(default=None, compare=False, repr=False)
 
     @property
     def tile_queries(self) -> int:
@@ -58,12 +62,25 @@ def pack_of(selection, num_heads: int, num_kv_heads: int) -> int:
 def device_tensor(values: list, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """A host list as a tensor on `device`, copied without waiting for the device's queue (a plain
     `torch.tensor(values, device=...)` synchronizes the stream: the CPU then stops running ahead)."""
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+    return to_device(torch.tensor(values, dtype=dtype, pin_memory=torch.device(device).type == "cuda"), device)
+
+
+def to_device(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host tensor's copy on `device`, the host not waiting for it. To a GPU the copy runs from pinned memory
+    (`host` itself where pinned, else a pinned copy of it): a DMA the stream runs, where a copy from pageable
+    memory goes through the driver's staging buffer while the host waits. torch's pinned allocator keeps a block
+    until the copies that read it are done, so the host may drop `host` at once."""
+    if torch.device(device).type == "cuda" and not host.is_pinned():
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
 
 
 def attn_meta(q_lens: list[int], cached: list[int], block_table: torch.Tensor, block_m: int,
-              pack: int = 1) -> AttnMeta:
-    """Build the metadata on the host from the scheduler's lists (one small copy per step)."""
+              pack: int = 1, device: torch.device | str | None = None) -> AttnMeta:
+    """Build the metadata on the host from the scheduler's lists, in one host tensor and one copy a step.
+    `block_table` is on the device already, or a host tensor that rides in the same copy to `device`. Each
+    array starts 16 bytes into the copy's block or a multiple of it: Triton specialises a pointer on that
+    alignment, so an unaligned view would compile (and run) another variant."""
     assert len(q_lens) == len(cached) == block_table.shape[0]
     assert 1 <= pack <= block_m, f"a tile of {block_m} rows cannot pack {pack} heads"
     per = block_m // pack
@@ -73,10 +90,21 @@ def attn_meta(q_lens: list[int], cached: list[int], block_table: torch.Tensor, b
         tiles_r.extend([b] * (-(-n // per)))
         tiles_q.extend(range(cu[-1], cu[-1] + n, per))
         cu.append(cu[-1] + n)
-    dev = block_table.device
-    as_t = lambda v: device_tensor(v, torch.int32, dev)  # noqa: E731
-    return AttnMeta(as_t(cu), as_t(cached), as_t(pos), block_table.to(torch.int32), as_t(tiles_r),
-                    as_t(tiles_q), block_m, pack, cu_q_host=tuple(cu), pos0_host=tuple(cached))
+    dev = torch.device(device) if device is not None else block_table.device
+    flat, spans = [], []
+    for part in (cu, cached, pos, tiles_r, tiles_q):
+        spans.append((len(flat), len(part)))
+        flat.extend(part)
+        flat.extend([0] * (-len(flat) % 4))  # 4 int32s: 16 bytes
+    host = torch.tensor(flat, dtype=torch.int32)
+    carried = block_table.device != dev
+    if carried:
+        host = torch.cat([host, block_table.to(torch.int32).reshape(-1)])
+    d = to_device(host, dev)
+    cu_t, pos0_t, pos_t, tr_t, tq_t = (d[at:at + n] for at, n in spans)
+    table = d[len(flat):].view(block_table.shape) if carried else block_table.to(torch.int32)
+    return AttnMeta(cu_t, pos0_t, pos_t, table, tr_t, tq_t, block_m, pack, cu_q_host=tuple(cu),
+                    pos0_host=tuple(cached), scratch={})
 
 
 @triton.jit
@@ -232,40 +260,60 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     `tl.sum` (the tests' control, and the stock arm's sum in 128-key tiles, where it is faster); the CPU
     path has the one arithmetic. `out`: the [T, H, D] tensor to write into (a view of a larger buffer: the
     rows a step's graphed pieces read, `rollout/step_graphs.py`); a new one by default."""
-    _check(q, k_cache, v_cache, meta, block_n, split_size)
-    T, H, D = q.shape
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride(2) != 1:
         raise ValueError(f"attention out: {tuple(out.shape)} {out.dtype} on {out.device} with strides "
                          f"{out.stride()} does not take q's {tuple(q.shape)} {q.dtype} on {q.device} rows")
+    plan = None
+    if q.is_cuda and lse is None and q.numel() and not interpreting():  # a recorded call shape: checked (its key)
+        direct = num_splits == 1 and (meta.block_m <= 16 if combine is None else not combine)
+        opts = pdl(q)
+        plan = plan_for(q, k_cache, v_cache, meta, out, (scale, block_n, split_size, num_splits, num_warps,
+                                                         num_stages, prefetch, tree_sum, opts["PDL"], direct))
+    if plan is None or not plan.ready:
+        _check(q, k_cache, v_cache, meta, block_n, split_size)
+    T, H, D = q.shape
     if T == 0:
         return out
     if not (q.is_cuda or interpreting()):
         assert lse is None, "the log-sum-exp output is the Triton kernel's"
         return _attention_cpu(q, k_cache, v_cache, meta, scale, block_n, split_size, out)
     assert lse is None or (lse.shape == (H, T) and lse.dtype == torch.float32 and lse.stride(1) == 1)
-    direct = num_splits == 1 and (meta.block_m <= 16 if combine is None else not combine)
+    if plan is None:
+        direct = num_splits == 1 and (meta.block_m <= 16 if combine is None else not combine)
+        opts = pdl(q)
     if direct:  # placeholders, never read
         m = lsum = o = out
     else:
-        m = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)
-        lsum = torch.empty_like(m)
-        o = torch.empty((T, H, num_splits, D), dtype=torch.float32, device=q.device)
-    grid = (meta.tile_req.shape[0], H if meta.pack == 1 else k_cache.shape[2], num_splits)
-    launch(_attention_kernel, grid,
-        q, k_cache, v_cache, meta.block_table, meta.cu_q, meta.pos0, meta.tile_req, meta.tile_q0, m, lsum, o,
-        out, lse if lse is not None else out, scale, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-        k_cache.stride(2), meta.block_table.stride(0), m.stride(0), m.stride(1), o.stride(0), o.stride(1), o.stride(2),
-        out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0, split_size,
-        GROUP=H // k_cache.shape[2], PACK=meta.pack, PAGE=k_cache.shape[1], HEAD_DIM=D, BLOCK_M=meta.block_m,
-        BLOCK_N=block_n,
-        IEEE=q.dtype == torch.float32, UPCAST=interpreting() and q.dtype != torch.float32,
-        PREFETCH=prefetch, DIRECT=direct, LSE=lse is not None, TREE_SUM=tree_sum, num_warps=num_warps,
-        num_stages=num_stages, **pdl(q))
-    if direct:
+        shared = meta.scratch if lse is None else None  # (the trainer's layers keep theirs apart: its backward)
+        m, lsum, o = shared.get((H, D, num_splits, q.device), (None,) * 3) if shared is not None else (None,) * 3
+        if m is None:
+            m = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)
+            lsum = torch.empty_like(m)
+            o = torch.empty((T, H, num_splits, D), dtype=torch.float32, device=q.device)
+            if shared is not None:
+                shared[H, D, num_splits, q.device] = (m, lsum, o)
+    tensors = dict(q=q, k=k_cache, v=v_cache, bt=meta.block_table, cu=meta.cu_q, pos0=meta.pos0, tr=meta.tile_req,
+                   tq=meta.tile_q0, m=m, l=lsum, o=o, out=out, tp=meta.token_pos)
+    if plan is not None and plan.ready and plan.replay(tensors, split_size):
         return out
-    combine_kv_splits(m, lsum, o, out, meta.token_pos, lse, split_size)
+    grid = (meta.tile_req.shape[0], H if meta.pack == 1 else k_cache.shape[2], num_splits)
+    args = (q, k_cache, v_cache, meta.block_table, meta.cu_q, meta.pos0, meta.tile_req, meta.tile_q0, m, lsum, o,
+            out, lse if lse is not None else out, scale, q.stride(0), q.stride(1), k_cache.stride(0),
+            k_cache.stride(1), k_cache.stride(2), meta.block_table.stride(0), m.stride(0), m.stride(1), o.stride(0),
+            o.stride(1), o.stride(2), out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
+            split_size)
+    kwargs = dict(GROUP=H // k_cache.shape[2], PACK=meta.pack, PAGE=k_cache.shape[1], HEAD_DIM=D, BLOCK_M=meta.block_m,
+                  BLOCK_N=block_n, IEEE=q.dtype == torch.float32, UPCAST=interpreting() and q.dtype != torch.float32,
+                  PREFETCH=prefetch, DIRECT=direct, LSE=lse is not None, TREE_SUM=tree_sum, num_warps=num_warps,
+                  num_stages=num_stages, **opts)
+    launch(_attention_kernel, grid, *args, **kwargs)
+    call = None if direct else combine_call(m, lsum, o, out, meta.token_pos, lse, split_size)
+    if call is not None:
+        launch(call[0], call[1], *call[2], **call[3])
+    if plan is not None:
+        plan.record((_attention_kernel, grid, args, kwargs), call, tensors)
     return out
 
 

@@ -86,27 +86,34 @@ def _combine_heads_kernel(m_ptr, l_ptr, o_ptr, out_ptr, pos_ptr, lse_ptr, stride
 
 COMBINE_UNROLL = 4  # splits a combine trip loads at once
 COMBINE_WARPS = 1  # a (row, head) is HEAD_DIM values: one warp holds them
-# `_combine_heads_kernel`: a row's heads (HEADS_P2 x HEAD_DIM values) on 4 warps, 2 splits a trip, from 256 rows
+# `_combine_heads_kernel`: a row's heads (HEADS_P2 x HEAD_DIM values) on 4 warps, one split a trip, from 256 rows
 # (launches of fewer rows take the (row, head) kernel). Schedules (the same bits), set by bench/combine_bench.py's
-# per-launch table (H100, session 47, µs): 256 rows x 14 heads x 2 splits 3.76 -> 2.33, 2,048 x 14 x 2 18.8 -> 4.4,
-# 8,192 x 14 x 4 71 -> 48; at 64 rows even (2.14 against 2.33-2.61), at 1-32 rows and at 1-2 rows of 47-48 splits
-# (long-context decode) slower (1.8 -> 2.0, 5.5 -> 12.5-16.7). One split a trip was as fast on that table's shapes;
-# two is a hedge for rows of many splits, which it lacks at 256 rows or more (docs/BENCHMARKS.md, session 47)
-COMBINE_HEADS_UNROLL = 2
+# per-launch table (H100, µs; docs/BENCHMARKS.md, sessions 47-48): 256 rows x 14 heads x 2 splits 3.76 -> 2.28,
+# 2,048 x 14 x 2 18.9 -> 4.46, 8,192 x 14 x 4 71 -> 48; at 64 rows even, at 1-32 rows and at 1-2 rows of 47-48
+# splits (long-context decode) slower. One split a trip was at or under two on every shape of 256 rows or more,
+# rows of 24 splits among them (256 x 12 x 24: 7.58 against 8.53; session 48)
+COMBINE_HEADS_UNROLL = 1
 COMBINE_HEADS_WARPS = 4
 COMBINE_HEADS_FROM = 256
+
+
+def combine_call(m: torch.Tensor, lsum: torch.Tensor, o: torch.Tensor, out: torch.Tensor, token_pos: torch.Tensor,
+                 lse: torch.Tensor | None, split_size: int) -> tuple:
+    """(kernel, grid, args, kwargs) of the launch that folds the partials m, lsum [T, H, splits] and o
+    [T, H, splits, D] of rows at positions `token_pos` into `out` [T, H, D] (and `lse` [H, T], when given)."""
+    T, H, D = out.shape
+    args = (m, lsum, o, out, token_pos, lse if lse is not None else m, m.stride(0), m.stride(1), o.stride(0),
+            o.stride(1), o.stride(2), out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0, split_size)
+    if T >= COMBINE_HEADS_FROM:
+        return (_combine_heads_kernel, (T,), (*args, H), dict(HEAD_DIM=D, HEADS_P2=triton.next_power_of_2(H),
+                UNROLL=COMBINE_HEADS_UNROLL, LSE=lse is not None, num_warps=COMBINE_HEADS_WARPS, **pdl(out)))
+    return (_combine_kernel, (T, H), args, dict(HEAD_DIM=D, UNROLL=COMBINE_UNROLL, LSE=lse is not None,
+                                                num_warps=COMBINE_WARPS, **pdl(out)))
 
 
 def combine_kv_splits(m: torch.Tensor, lsum: torch.Tensor, o: torch.Tensor, out: torch.Tensor,
                       token_pos: torch.Tensor, lse: torch.Tensor | None, split_size: int) -> None:
     """Fold the partials m, lsum [T, H, splits] and o [T, H, splits, D] of rows at positions `token_pos` into
-    `out` [T, H, D] (and `lse` [H, T], when given)."""
-    T, H, D = out.shape
-    args = (m, lsum, o, out, token_pos, lse if lse is not None else m, m.stride(0), m.stride(1), o.stride(0),
-            o.stride(1), o.stride(2), out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0, split_size)
-    if T >= COMBINE_HEADS_FROM:
-        launch(_combine_heads_kernel, (T,), *args, H, HEAD_DIM=D, HEADS_P2=triton.next_power_of_2(H),
-               UNROLL=COMBINE_HEADS_UNROLL, LSE=lse is not None, num_warps=COMBINE_HEADS_WARPS, **pdl(out))
-    else:
-        launch(_combine_kernel, (T, H), *args, HEAD_DIM=D, UNROLL=COMBINE_UNROLL, LSE=lse is not None,
-               num_warps=COMBINE_WARPS, **pdl(out))
+    `out` [T, H, D] (and `lse` [H, T], when given): `combine_call`'s launch."""
+    kernel, grid, args, kwargs = combine_call(m, lsum, o, out, token_pos, lse, split_size)
+    launch(kernel, grid, *args, **kwargs)

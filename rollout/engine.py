@@ -13,6 +13,7 @@ from typing import Iterable, Mapping
 
 import torch
 
+from detent_rl.kernels.attention import device_tensor
 from detent_rl.kernels.sampling import sample, unfiltered
 from detent_rl.models.context import set_context
 from detent_rl.models.loader import update_weights
@@ -240,10 +241,9 @@ class Engine:
         # a decode step's logprob selection is the one its graph ran at: the padded size
         cfg = self._select_logprobs(self.graphs.size_for(len(sampling)) if graphed else len(sampling))
         # two host tensors and two copies (torch.tensor(..., device=cuda) would copy and sync five times)
-        ints = torch.tensor([[x.seed for x in p], [len(s.seq) for s in sampling], [x.top_k for x in p]],
-                            dtype=torch.int64).to(dev, non_blocking=True)
-        floats = torch.tensor([[x.temperature for x in p], [x.top_p for x in p]],
-                              dtype=torch.float32).to(dev, non_blocking=True)
+        ints = device_tensor([[x.seed for x in p], [len(s.seq) for s in sampling], [x.top_k for x in p]],
+                             torch.int64, dev)
+        floats = device_tensor([[x.temperature for x in p], [x.top_p for x in p]], torch.float32, dev)
         tokens, logprobs = sample(logits, ints[0], ints[1], temperature=floats[0], top_k=ints[2], top_p=floats[1],
                                   block=cfg.block, num_warps=cfg.num_warps)
         return {s.seq.seq_id: (t, lp) for s, t, lp in zip(sampling, tokens.tolist(), logprobs.tolist())}
