@@ -61,18 +61,9 @@ def pack_of(selection, num_heads: int, num_kv_heads: int) -> int:
 
 def device_tensor(values: list, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """A host list as a tensor on `device`, copied without waiting for the device's queue (a plain
-    `torch.tensor(values, device=...)` synchronizes the stream: the CPU then stops running ahead)."""
-    return to_device(torch.tensor(values, dtype=dtype, pin_memory=torch.device(device).type == "cuda"), device)
-
-
-def to_device(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """A host tensor's copy on `device`, the host not waiting for it. To a GPU the copy runs from pinned memory
-    (`host` itself where pinned, else a pinned copy of it): a DMA the stream runs, where a copy from pageable
-    memory goes through the driver's staging buffer while the host waits. torch's pinned allocator keeps a block
-    until the copies that read it are done, so the host may drop `host` at once."""
-    if torch.device(device).type == "cuda" and not host.is_pinned():
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
+    `torch.tensor(values, device=...)` synchronizes the stream: the CPU then stops running ahead). From
+    pageable memory: a pinned copy measured no faster (H100 host, 300-2,000 ints; docs/BENCHMARKS.md, session 48)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def attn_meta(q_lens: list[int], cached: list[int], block_table: torch.Tensor, block_m: int,
@@ -100,7 +91,7 @@ def attn_meta(q_lens: list[int], cached: list[int], block_table: torch.Tensor, b
     carried = block_table.device != dev
     if carried:
         host = torch.cat([host, block_table.to(torch.int32).reshape(-1)])
-    d = to_device(host, dev)
+    d = host.to(dev, non_blocking=True)
     cu_t, pos0_t, pos_t, tr_t, tq_t = (d[at:at + n] for at, n in spans)
     table = d[len(flat):].view(block_table.shape) if carried else block_table.to(torch.int32)
     return AttnMeta(cu_t, pos0_t, pos_t, table, tr_t, tq_t, block_m, pack, cu_q_host=tuple(cu),

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from detent_rl.kernels.attention import attn_meta, device_tensor, to_device
+from detent_rl.kernels.attention import attn_meta, device_tensor
 from detent_rl.kernels.autograd import token_logprobs_segments_autograd
 from detent_rl.models.context import ForwardContext, KVCache, SGLangRows, set_context
 from detent_rl.models.model import CausalLM
@@ -54,7 +54,8 @@ def step_inputs(model: CausalLM, caches: list[KVCache], spans: list[Span]
     sel = model.select_attention(len(spans), max(q_lens), len(ids), max_k)
     meta = attn_meta(q_lens, cached, table, *model.attention_tiling(sel), device=device)  # (one copy)
     # the token ids and their slots in one copy, each 16-byte aligned
-    both = to_device(torch.cat([torch.tensor(ids + [0] * (len(ids) % 2), dtype=torch.int64), slots]), device)
+    both = torch.cat([torch.tensor(ids + [0] * (len(ids) % 2), dtype=torch.int64), slots])
+    both = both.to(device, non_blocking=True)
     at = len(ids) + len(ids) % 2
     ctx = ForwardContext(meta=meta, slots=both[at:], kv_caches=caches,
                          num_seqs=len(spans), max_seqlen_q=max(q_lens), max_seqlen_k=max_k)
