@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from detent_rl.kernels._triton import interpreting, pdl, pdl_enter, tl, triton
-from detent_rl.kernels.attention_combine import combine_call
+from detent_rl.kernels.attention_combine import combine_call, combine_kv_splits
 from detent_rl.kernels.attention_plan import plan_for
 from detent_rl.kernels.launch import launch
 
@@ -277,7 +277,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if direct:  # placeholders, never read
         m = lsum = o = out
     else:
-        shared = meta.scratch if lse is None else None  # (the trainer's layers keep theirs apart: its backward)
+        shared = meta.scratch if lse is None else None  # (not the trainer's FlashAttention forward, which asks lse)
         m, lsum, o = shared.get((H, D, num_splits, q.device), (None,) * 3) if shared is not None else (None,) * 3
         if m is None:
             m = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)
@@ -298,13 +298,13 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     kwargs = dict(GROUP=H // k_cache.shape[2], PACK=meta.pack, PAGE=k_cache.shape[1], HEAD_DIM=D, BLOCK_M=meta.block_m,
                   BLOCK_N=block_n, IEEE=q.dtype == torch.float32, UPCAST=interpreting() and q.dtype != torch.float32,
                   PREFETCH=prefetch, DIRECT=direct, LSE=lse is not None, TREE_SUM=tree_sum, num_warps=num_warps,
-                  num_stages=num_stages, **opts)
-    launch(_attention_kernel, grid, *args, **kwargs)
-    call = None if direct else combine_call(m, lsum, o, out, meta.token_pos, lse, split_size)
-    if call is not None:
-        launch(call[0], call[1], *call[2], **call[3])
-    if plan is not None:
-        plan.record((_attention_kernel, grid, args, kwargs), call, tensors)
+                  num_stages=num_stages)
+    launch(_attention_kernel, grid, *args, **kwargs, **pdl(q))
+    if not direct:
+        combine_kv_splits(m, lsum, o, out, meta.token_pos, lse, split_size)
+    if plan is not None:  # the two launches just made (`opts` is `pdl(q)`)
+        call = None if direct else combine_call(m, lsum, o, out, meta.token_pos, lse, split_size)
+        plan.record((_attention_kernel, grid, args, dict(kwargs, **opts)), call, tensors)
     return out
 
 

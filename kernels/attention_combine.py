@@ -97,23 +97,31 @@ COMBINE_HEADS_WARPS = 4
 COMBINE_HEADS_FROM = 256
 
 
-def combine_call(m: torch.Tensor, lsum: torch.Tensor, o: torch.Tensor, out: torch.Tensor, token_pos: torch.Tensor,
-                 lse: torch.Tensor | None, split_size: int) -> tuple:
-    """(kernel, grid, args, kwargs) of the launch that folds the partials m, lsum [T, H, splits] and o
-    [T, H, splits, D] of rows at positions `token_pos` into `out` [T, H, D] (and `lse` [H, T], when given)."""
+def _combine_parts(m: torch.Tensor, lsum: torch.Tensor, o: torch.Tensor, out: torch.Tensor, token_pos: torch.Tensor,
+                   lse: torch.Tensor | None, split_size: int) -> tuple[bool, tuple, tuple, dict]:
+    """(by row, grid, arguments, constexprs) of the combine: one program a row from `COMBINE_HEADS_FROM` rows."""
     T, H, D = out.shape
     args = (m, lsum, o, out, token_pos, lse if lse is not None else m, m.stride(0), m.stride(1), o.stride(0),
             o.stride(1), o.stride(2), out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0, split_size)
     if T >= COMBINE_HEADS_FROM:
-        return (_combine_heads_kernel, (T,), (*args, H), dict(HEAD_DIM=D, HEADS_P2=triton.next_power_of_2(H),
-                UNROLL=COMBINE_HEADS_UNROLL, LSE=lse is not None, num_warps=COMBINE_HEADS_WARPS, **pdl(out)))
-    return (_combine_kernel, (T, H), args, dict(HEAD_DIM=D, UNROLL=COMBINE_UNROLL, LSE=lse is not None,
-                                                num_warps=COMBINE_WARPS, **pdl(out)))
+        return True, (T,), (*args, H), dict(HEAD_DIM=D, HEADS_P2=triton.next_power_of_2(H), UNROLL=COMBINE_HEADS_UNROLL,
+                                            LSE=lse is not None, num_warps=COMBINE_HEADS_WARPS)
+    return False, (T, H), args, dict(HEAD_DIM=D, UNROLL=COMBINE_UNROLL, LSE=lse is not None, num_warps=COMBINE_WARPS)
 
 
 def combine_kv_splits(m: torch.Tensor, lsum: torch.Tensor, o: torch.Tensor, out: torch.Tensor,
                       token_pos: torch.Tensor, lse: torch.Tensor | None, split_size: int) -> None:
     """Fold the partials m, lsum [T, H, splits] and o [T, H, splits, D] of rows at positions `token_pos` into
-    `out` [T, H, D] (and `lse` [H, T], when given): `combine_call`'s launch."""
-    kernel, grid, args, kwargs = combine_call(m, lsum, o, out, token_pos, lse, split_size)
-    launch(kernel, grid, *args, **kwargs)
+    `out` [T, H, D] (and `lse` [H, T], when given)."""
+    by_row, grid, args, consts = _combine_parts(m, lsum, o, out, token_pos, lse, split_size)
+    if by_row:
+        launch(_combine_heads_kernel, grid, *args, **consts, **pdl(out))
+    else:
+        launch(_combine_kernel, grid, *args, **consts, **pdl(out))
+
+
+def combine_call(m: torch.Tensor, lsum: torch.Tensor, o: torch.Tensor, out: torch.Tensor, token_pos: torch.Tensor,
+                 lse: torch.Tensor | None, split_size: int) -> tuple:
+    """(kernel, grid, args, kwargs) of the launch `combine_kv_splits` makes for these arguments (to record it)."""
+    by_row, grid, args, consts = _combine_parts(m, lsum, o, out, token_pos, lse, split_size)
+    return _combine_heads_kernel if by_row else _combine_kernel, grid, args, dict(consts, **pdl(out))

@@ -21,8 +21,8 @@ from typing import Optional
 
 import torch
 
-from detent_rl.kernels.attention_combine import combine_call
-from detent_rl.kernels.launch import Recorded, launch
+from detent_rl.kernels.attention_combine import combine_kv_splits
+from detent_rl.kernels.launch import Recorded
 
 _PLANS: dict = {}  # call shape (`plan_key`) -> _Plan
 _MAX_PLANS = 512  # serving's steps vary in tokens and tiles: the table is cleared when it holds this many
@@ -53,9 +53,7 @@ class _Plan:
         if not self.attn(tensors):
             return False
         if not self.direct and not self.combine(tensors):  # (a launch hook added between the two)
-            kernel, grid, args, kwargs = combine_call(tensors["m"], tensors["l"], tensors["o"], tensors["out"],
-                                                      tensors["tp"], None, split_size)
-            launch(kernel, grid, *args, **kwargs)
+            combine_kv_splits(tensors["m"], tensors["l"], tensors["o"], tensors["out"], tensors["tp"], None, split_size)
         return True
 
 
