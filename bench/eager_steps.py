@@ -62,7 +62,7 @@ PHASES = ["detent_rl.rollout.engine:Engine._step", "detent_rl.rollout.engine:ste
           "detent_rl.kernels.attention:launch", "detent_rl.kernels.attention:plan_for",
           "detent_rl.kernels.attention_plan:_Plan.replay", "detent_rl.kernels.attention_plan:_Plan.record",
           "detent_rl.kernels.attention_combine:launch", "detent_rl.models.model:CausalLM.logits",
-          "detent_rl.rollout.engine:sample"]
+          "detent_rl.rollout.engine:sample", "torch:Tensor.tolist"]  # (the last: the sampled tokens' wait)
 
 
 def main() -> None:
