@@ -277,7 +277,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if direct:  # placeholders, never read
         m = lsum = o = out
     else:
-        shared = meta.scratch if lse is None else None  # (not the trainer's FlashAttention forward, which asks lse)
+        shared = meta.scratch if lse is None and not torch.is_grad_enabled() else None  # (no-grad steps only)
         m, lsum, o = shared.get((H, D, num_splits, q.device), (None,) * 3) if shared is not None else (None,) * 3
         if m is None:
             m = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)
