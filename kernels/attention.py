@@ -45,7 +45,7 @@ class AttnMeta:
     # host copies of cu_q and pos0 where the builder had them (attn_meta): read without a device sync
     cu_q_host: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
     pos0_host: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
-    # the split partials' buffers of the step's layers (`paged_attention` without `lse`), shared by its calls:
+    # the split partials' buffers of the step's layers, shared by its no-grad `paged_attention` calls without `lse`:
     # a dict where the builder allows it (attn_meta's eager steps; not a captured graph's metadata)
     scratch: dict | None = field(default=None, compare=False, repr=False)
 

@@ -2,8 +2,8 @@
 
 Online serving's prefill and mixed steps run attention eagerly between the graphed pieces (`rollout/step_graphs.py`):
 24 calls a step for the 0.5B, each the wrapper's checks and allocations, then two launches (the attention kernel and
-the split combine) through `launch.launch`, whose binder specialises ~45 arguments every time. On the H100's host
-that was ~190 µs a call, 4.5 ms of a 14 ms mixed step (docs/BENCHMARKS.md, session 48). Every layer of a step calls
+the split combine) through `launch.launch`, whose binder specialises ~45 arguments every time. On a slow H100 host
+that was ~200 µs a call, 4.7 ms of a 14 ms mixed step (docs/BENCHMARKS.md, session 48). Every layer of a step calls
 with the same shapes, strides and metadata; only q, the layer's caches and the output change. So the first call of a
 call shape records both launches (`launch.Recorded`) and later calls go straight into Triton's launcher with their
 tensors swapped in: the same compiled variants and the same arguments Triton's own path would pass, so the same bits.
@@ -24,7 +24,7 @@ import torch
 from detent_rl.kernels.attention_combine import combine_kv_splits
 from detent_rl.kernels.launch import Recorded
 
-_PLANS: dict = {}  # call shape (`plan_key`) -> _Plan
+_PLANS: dict = {}  # call shape (`plan_for`'s key) -> _Plan
 _MAX_PLANS = 512  # serving's steps vary in tokens and tiles: the table is cleared when it holds this many
 
 
