@@ -256,10 +256,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride(2) != 1:
         raise ValueError(f"attention out: {tuple(out.shape)} {out.dtype} on {out.device} with strides "
                          f"{out.stride()} does not take q's {tuple(q.shape)} {q.dtype} on {q.device} rows")
+    direct = num_splits == 1 and (meta.block_m <= 16 if combine is None else not combine)
+    opts = pdl(q)
     plan = None
     if q.is_cuda and lse is None and q.numel() and not interpreting():  # a recorded call shape: checked (its key)
-        direct = num_splits == 1 and (meta.block_m <= 16 if combine is None else not combine)
-        opts = pdl(q)
         plan = plan_for(q, k_cache, v_cache, meta, out, (scale, block_n, split_size, num_splits, num_warps,
                                                          num_stages, prefetch, tree_sum, opts["PDL"], direct))
     if plan is None or not plan.ready:
@@ -271,9 +271,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         assert lse is None, "the log-sum-exp output is the Triton kernel's"
         return _attention_cpu(q, k_cache, v_cache, meta, scale, block_n, split_size, out)
     assert lse is None or (lse.shape == (H, T) and lse.dtype == torch.float32 and lse.stride(1) == 1)
-    if plan is None:
-        direct = num_splits == 1 and (meta.block_m <= 16 if combine is None else not combine)
-        opts = pdl(q)
     if direct:  # placeholders, never read
         m = lsum = o = out
     else:
@@ -302,7 +299,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     launch(_attention_kernel, grid, *args, **kwargs, **pdl(q))
     if not direct:
         combine_kv_splits(m, lsum, o, out, meta.token_pos, lse, split_size)
-    if plan is not None:  # the two launches just made (`opts` is `pdl(q)`)
+    if plan is not None:  # the two launches just made
         call = None if direct else combine_call(m, lsum, o, out, meta.token_pos, lse, split_size)
         plan.record((_attention_kernel, grid, args, dict(kwargs, **opts)), call, tensors)
     return out
