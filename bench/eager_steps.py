@@ -10,7 +10,9 @@ timed, each `--steps` times synced: a mixed step (47 decode rows beside a 256-to
 prefill, 48 rows of one or two tokens run eagerly, and the GRPO batch's prefill step (32 prompts of 200 tokens,
 and 224 samples of them whose 192 cached tokens leave 8 each: 8,192 tokens). Prints each arm's median ms a step,
 its ratio to stock and the rounds' range. `--step-graphs` adds each arm's engine with piecewise step graphs
-(`rollout/step_graphs.py`, captured in its warm-up) beside the plain one: `stock + pieces`, `tuned + pieces`.
+(`rollout/step_graphs.py`, captured in its warm-up) beside the plain one: `stock + pieces`, `tuned + pieces`;
+`--whole` each arm's engine with whole-step graphs (`rollout/full_steps.py`: attention inside, one graph a padded
+size), `stock + whole`, `tuned + whole`.
 `--pieces-only` times only the engines with pieces. `--shapes` picks shapes by their first word (`mixed`, `serve`:
 40 decode rows beside two 288-token chunks, as the Poisson case's eager steps, `prefill`, `eager`, `grpo`).
 `--kernels N` then profiles each arm's steps of each shape once more (torch profiler) and prints its device's busy
@@ -55,7 +57,8 @@ SHAPES = {"mixed 47 x 1 + 256": [(300, 1)] * 47 + [(0, 256)],
 PHASES = ["detent_rl.rollout.engine:Engine._step", "detent_rl.rollout.engine:step_inputs",
           "detent_rl.models.runner:attn_meta", "detent_rl.kernels.attention:device_tensor",
           "detent_rl.models.runner:device_tensor", "detent_rl.models.model:CausalLM.select_attention", "torch:tensor",
-          "torch:Tensor.to",
+          "torch:Tensor.to", "detent_rl.rollout.full_steps:FullStepGraphs._stage",
+          "detent_rl.rollout.full_steps:FullStepGraphs.run", "detent_rl.rollout.full_steps:FullStepGraphs.takes",
           "detent_rl.rollout.step_graphs:StepGraphs.forward", "torch.cuda:CUDAGraph.replay",
           "detent_rl.models.layers:Attention.attend", "detent_rl.models.layers:attention_autograd",
           "detent_rl.kernels.autograd:paged_attention", "detent_rl.kernels.attention:_check",
@@ -74,6 +77,8 @@ def main() -> None:
     ap.add_argument("--linear-from", default=None)
     ap.add_argument("--step-graphs", action="store_true")
     ap.add_argument("--pieces-only", action="store_true", help="only the engines with pieces (implies --step-graphs)")
+    ap.add_argument("--whole", action="store_true", help="add each arm's engine with whole-step graphs (attention "
+                    "inside: rollout/full_steps.py), '<arm> + whole'")
     ap.add_argument("--shapes", default="", help="comma-separated first words of the shapes to run (default: all)")
     ap.add_argument("--kernels", type=int, default=0, help="profile each arm's steps: device time, top N kernels")
     ap.add_argument("--host-top", type=int, default=0, help="each arm's N costliest host functions (cProfile)")
@@ -98,6 +103,8 @@ def main() -> None:
             engines[arm] = Engine.for_requests(model, 256, 784, 256)
         if args.step_graphs:
             engines[f"{arm} + pieces"] = Engine.for_requests(model, 256, 784, 256, step_graphs=True)
+        if args.whole:
+            engines[f"{arm} + whole"] = Engine.for_requests(model, 256, 784, 256, full_steps=True)
     for engine in engines.values():
         if device == "cuda":
             engine.warmup()
@@ -105,6 +112,8 @@ def main() -> None:
     arms = [] if args.pieces_only else [("stock", "stock", None), (pinned, pinned, ours)]
     if args.step_graphs:
         arms += [(f"{a} + pieces", f"{a} + pieces", None if a == "stock" else ours) for a in ("stock", pinned)]
+    if args.whole:
+        arms += [(f"{a} + whole", f"{a} + whole", None if a == "stock" else ours) for a in ("stock", pinned)]
     if args.linear_from:
         if args.pieces_only:
             ap.error("--linear-from times the plain engine: not with --pieces-only")

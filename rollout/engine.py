@@ -25,6 +25,7 @@ from detent_rl.rollout.block_manager import BlockManager
 from detent_rl.rollout.cuda_graph import DecodeGraphs, PendingStep
 from detent_rl.rollout.scheduler import Scheduler, Span
 from detent_rl.rollout.sequence import SamplingParams, Sequence
+from detent_rl.rollout.full_steps import FullStepGraphs
 from detent_rl.rollout.step_graphs import StepGraphs
 
 
@@ -33,7 +34,9 @@ class Engine:
     on for a CUDA model, in every arm; the stock arm's graphs fix its selection at capture, as stock
     engines do, and stay batch-dependent: `rollout/cuda_graph.py`). `step_graphs`: run every other step (prefill,
     chunks, decode rows beside a chunk) through piecewise graphs at a padded token count, attention eager between
-    the pieces (`rollout/step_graphs.py`; on the CPU the same padded pieces eagerly); off by default. `releasable`:
+    the pieces (`rollout/step_graphs.py`; on the CPU the same padded pieces eagerly); off by default. `full_steps`:
+    those steps through one graph of the whole forward a padded size instead, attention inside over a grid of the
+    size's most tiles (`rollout/full_steps.py`; the pieces stay for a step it does not take). `releasable`:
     the KV cache in memory whose physical pages `release_memory` gives back at kept addresses (`rollout/vmm.py`, on
     CUDA), so that the captured graphs survive a release; off by default (elsewhere a release drops the graphs).
 
@@ -48,7 +51,8 @@ class Engine:
 
     def __init__(self, model: CausalLM, *, num_blocks: int, max_num_seqs: int | None = None,
                  max_num_tokens: int | None = None, chunk_size: int = 256, cuda_graphs: bool | None = None,
-                 overlap: bool = True, step_graphs: bool = False, releasable: bool = False) -> None:
+                 overlap: bool = True, step_graphs: bool = False, full_steps: bool = False,
+                 releasable: bool = False) -> None:
         limit = model.selections.deployment.max_num_tokens
         max_num_tokens = max_num_tokens or limit
         if max_num_tokens > limit:
@@ -77,9 +81,13 @@ class Engine:
             self.graphs = DecodeGraphs(model, self.caches, num_blocks, rows, fixed=self.corun,
                                        capture=bool(cuda_graphs))
         self.steps = None
-        if step_graphs:
+        if full_steps:
+            self.steps = FullStepGraphs(model, self.caches, num_blocks, self.scheduler.max_num_tokens, max_num_seqs,
+                                        capture=model.device.type == "cuda")
+        elif step_graphs:
             self.steps = StepGraphs(model, self.caches, num_blocks, self.scheduler.max_num_tokens,
                                     capture=model.device.type == "cuda")
+        self.full_steps = full_steps
         self._select_logprobs = model.selections.get("log_softmax")
         self.overlap = overlap
         self._inflight: tuple[list[Span], PendingStep] | None = None  # a launched step, tokens unread
@@ -202,12 +210,15 @@ class Engine:
         if graphed:
             return self.graphs.run(*self._decode_inputs(spans))
         step = [StepSpan(s.seq.tokens[s.start:s.start + s.count], s.start, s.seq.block_table) for s in spans]
-        input_ids, positions, ctx = step_inputs(self.model, self.caches, step)
-        with set_context(ctx):
-            if self.steps is not None and self.steps.fits(input_ids.shape[0]):
-                hidden = self.steps.forward(input_ids, positions)
-            else:
-                hidden = self.model(input_ids, positions)
+        if self.full_steps and self.steps.takes(step):
+            hidden = self.steps.run(step)
+        else:
+            input_ids, positions, ctx = step_inputs(self.model, self.caches, step)
+            with set_context(ctx):
+                if self.steps is not None and self.steps.fits(input_ids.shape[0]):
+                    hidden = self.steps.forward(input_ids, positions)
+                else:
+                    hidden = self.model(input_ids, positions)
         ends, at = [], 0
         for s in spans:
             at += s.count

@@ -123,6 +123,13 @@ class StepGraphs:
 
         return [first] + [middle(i) for i in range(1, len(layers))] + [last]
 
+    def warm(self) -> int:
+        """Capture every piece size not captured yet; how many were."""
+        todo = [b for b in self.sizes if b not in self.graphs] if self.capture else []
+        for b in todo:
+            self.capture_size(b)
+        return len(todo)
+
     def drop_captured(self) -> None:
         """Forget every captured piece (the engine freed the caches they write): captured again on next use."""
         self.graphs.clear()

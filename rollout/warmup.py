@@ -170,11 +170,8 @@ def warmup(engine: "Engine", temperatures: tuple[float | None, ...] = (1.0,)) ->
         for q_lens, cached, width in steps:
             engine._step(synthetic_spans(engine, q_lens, cached, width))
         graphs = 0
-        if engine.steps is not None and engine.steps.capture:  # every piece size, beyond those the steps met
-            for b in engine.steps.sizes:
-                if b not in engine.steps.graphs:
-                    engine.steps.capture_size(b)
-                    graphs += 1
+        if engine.steps is not None:  # every step-graph size, beyond those the steps met
+            graphs += engine.steps.warm()
         if engine.graphs is not None and engine.graphs.capture:
             for t in temperatures:
                 for b in engine.graphs.sizes:

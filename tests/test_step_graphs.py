@@ -38,19 +38,23 @@ def test_step_sizes_cover_every_count_with_bounded_padding(tmp_path):
         StepGraphs(model, model.allocate_kv_cache(2), 2, 8, capture=False)
 
 
-def _pieces_vs_eager(model) -> tuple[list[str], int]:
-    """The same requests through plain engines and through engines with step graphs, under three chunkings; a
-    line per difference, and how many steps ran through the pieces."""
+MODES = {"pieces": {"step_graphs": True}, "whole": {"full_steps": True}}  # piecewise, whole-step graphs
+
+
+def _pieces_vs_eager(model, mode: str = "pieces") -> tuple[list[str], int]:
+    """The same requests through plain engines and through engines with step graphs (`mode`: the pieces, or the
+    whole-step graphs of rollout/full_steps.py), under three chunkings; a line per difference, and how many steps
+    ran through the graphs of that mode."""
     prompts, params = _requests(6, seed=1)
     bad, pieced = [], 0
     for chunk, budget in ((64, None), (5, None), (16, 40)):
         plain = Engine(model, num_blocks=64, chunk_size=chunk, max_num_tokens=budget)
-        engine = Engine(model, num_blocks=64, chunk_size=chunk, max_num_tokens=budget, step_graphs=True)
+        engine = Engine(model, num_blocks=64, chunk_size=chunk, max_num_tokens=budget, **MODES[mode])
         want, got = plain.generate(prompts, params), engine.generate(prompts, params)
-        pieced += sum(engine.steps.runs.values())
+        pieced += sum((engine.steps.runs if mode == "pieces" else engine.steps.whole_runs).values())
         for i, (a, b) in enumerate(zip(want, got)):
             if (a.completion, a.logprobs) != (b.completion, b.logprobs):
-                bad.append(f"chunk {chunk}, budget {budget}: request {i} differs through the pieces")
+                bad.append(f"chunk {chunk}, budget {budget}: request {i} differs through the {mode}")
         bad += [f"chunk {chunk}, budget {budget}: request {i}'s rescore differs"
                 for i, s in enumerate(got) if engine.rescore(s) != s.logprobs]
     return bad, pieced
@@ -165,37 +169,48 @@ def test_warmup_plans_the_linears_at_the_padded_count(tmp_path):
 # GPU: captured pieces
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("arm,dtype", [("detent", torch.bfloat16), ("detent", torch.float32), ("det", torch.bfloat16)],
                          ids=["detent-bf16", "detent-fp32", "det-bf16"])
-def test_gpu_captured_pieces_give_the_eager_steps_bits(tmp_path, arm, dtype):
+def test_gpu_captured_pieces_give_the_eager_steps_bits(tmp_path, arm, dtype, mode):
     model = load_model(save(hf_model("qwen2"), tmp_path), arm, device="cuda", dtype=dtype, **LIMITS)
-    bad, pieced = _pieces_vs_eager(model)
+    bad, pieced = _pieces_vs_eager(model, mode)
     assert pieced > 0 and bad == []
-    assert _failures(model, step_graphs=True) == []
+    assert _failures(model, **MODES[mode]) == []
 
 
 @pytest.mark.gpu
-def test_gpu_stock_captured_pieces_stay_batch_dependent(tmp_path):
-    # the stock arm with the same graphs (vLLM V1's piecewise graphs): its bits move with the padding or the batch
+@pytest.mark.parametrize("mode", list(MODES))
+def test_gpu_stock_captured_pieces_stay_batch_dependent(tmp_path, mode):
+    # the stock arm with the same graphs (vLLM V1's piecewise graphs; whole-step graphs as a stock engine's full
+    # graphs): its bits move with the padding or the batch
     model = load_model(save(hf_model("qwen2"), tmp_path), "stock", device="cuda", dtype=torch.float32, **LIMITS)
-    bad, pieced = _pieces_vs_eager(model)
+    bad, pieced = _pieces_vs_eager(model, mode)
     assert pieced > 0
-    assert bad + _failures(model, step_graphs=True), "negative control: the stock arm kept every request's bits"
+    assert bad + _failures(model, **MODES[mode]), "negative control: the stock arm kept every request's bits"
 
 
 @pytest.mark.gpu
-def test_gpu_warmup_captures_every_piece_size_and_release_recaptures(tmp_path):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_gpu_warmup_captures_every_piece_size_and_release_recaptures(tmp_path, mode):
     model = load_model(save(hf_model("qwen2"), tmp_path), "detent", device="cuda", dtype=torch.bfloat16, **LIMITS)
-    engine = Engine(model, num_blocks=64, chunk_size=64, step_graphs=True)
+    engine = Engine(model, num_blocks=64, chunk_size=64, **MODES[mode])
     engine.warmup()
-    assert set(engine.steps.graphs) == set(engine.steps.sizes)
+
+    def graphs() -> dict:  # size -> the pieces' graphs, or the whole step's graph
+        return engine.steps.graphs if mode == "pieces" else engine.steps.whole
+    assert set(graphs()) == set(engine.steps.sizes)
     prompts, params = _requests(6, seed=1)
-    captured = {b: len(g) for b, g in engine.steps.graphs.items()}
+    captured = dict(graphs())
     first = engine.generate(prompts, params)
-    assert {b: len(g) for b, g in engine.steps.graphs.items()} == captured  # nothing captured while serving
-    assert all(len(g) == model.config.num_hidden_layers + 1 for g in engine.steps.graphs.values())
+    assert graphs().keys() == captured.keys() and all(graphs()[b] is g for b, g in captured.items()), \
+        "captured while serving"
+    if mode == "pieces":
+        assert all(len(g) == model.config.num_hidden_layers + 1 for g in engine.steps.graphs.values())
+    else:
+        assert engine.steps.graphs == {}  # every step took its whole graph: no piece was needed
     engine.release_memory()
-    assert engine.steps.graphs == {}
+    assert graphs() == {}
     again = engine.generate(prompts, params)
     assert [(s.completion, s.logprobs) for s in again] == [(s.completion, s.logprobs) for s in first]
 

@@ -27,20 +27,26 @@ class Span:
     pages: list[int]  # the sequence's page ids, covering at least cached + len(tokens) positions
 
 
-def step_inputs(model: CausalLM, caches: list[KVCache], spans: list[Span]
-                ) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
-    """(input_ids [T], positions [T], context) of one step over `spans`, on the model's device."""
+def check_spans(model: CausalLM, spans: list[Span]) -> None:
+    """Refuse a step that has no span, a span without tokens, or one whose positions its pages or the rope table
+    do not cover."""
     if not spans or any(not s.tokens for s in spans):
         raise ValueError("a step needs at least one span, and every span at least one token")
-    page, device = model.page_size, model.device
-    ids = []
+    page = model.page_size
     for i, s in enumerate(spans):
         end = s.cached + len(s.tokens)
         if end > len(s.pages) * page:
             raise ValueError(f"span {i}: {end} positions do not fit its {len(s.pages)} pages of {page}")
         if end > model.max_positions:
             raise ValueError(f"span {i}: position {end - 1} is past the rope table ({model.max_positions})")
-        ids.extend(s.tokens)
+
+
+def step_inputs(model: CausalLM, caches: list[KVCache], spans: list[Span]
+                ) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
+    """(input_ids [T], positions [T], context) of one step over `spans`, on the model's device."""
+    check_spans(model, spans)
+    page, device = model.page_size, model.device
+    ids = [t for s in spans for t in s.tokens]
     # the page table in one host tensor, and every token's cache slot from it in a few tensor ops: a
     # prefill of 256 sequences made 256 small tensors and 8,192 slots one at a time (~5 ms of host)
     width = max(len(s.pages) for s in spans)
