@@ -48,7 +48,10 @@ rounds does not bias (`detent_rl/bench_report.py`).
 mixed steps through piecewise CUDA graphs (`rollout/step_graphs.py`, as vLLM V1 does, the stock arm too);
 `--step-graphs off,on` runs each arm both ways on the same model load, the graphed runs as
 `<arm> + pieces` over stock's graphed run (the same engine features on both sides), and adds a table of each
-arm's time with the pieces over without (the rounds' paired ratios): the pieces' A/B in one run.
+arm's time with the pieces over without (the rounds' paired ratios): the pieces' A/B in one run. `--step-graphs
+whole` runs them through whole-step graphs instead (`rollout/full_steps.py`: attention inside, one graph a padded
+size), and `on,whole` runs each arm both ways, the whole-step runs as `<arm> + whole` over stock's, with a table
+of each arm's time through them over its time through the pieces.
 
     python -m detent_rl.bench --arms stock,tuned --cases poisson,grpo --step-graphs off,on --rounds 3 \
         --commitment bench/tuned/h200_qwen2-0.5b_grpo32x8.json --out runs/pieces
@@ -112,7 +115,7 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
         log: Callable[[str], None] = print, arms: tuple[str, ...] = ARMS,
         stock_pdl: tuple[str, ...] = ("on", "off"), tuned: Optional[dict[str, str]] = None, *,
         limits: dict[str, dict[str, int]], first: int = 0, poisson_rate: Optional[float] = None,
-        step_graphs: tuple[bool, ...] = (False,), gated_mlp: tuple[bool, ...] = (False,), kernels: bool = False,
+        step_graphs: tuple[bool | str, ...] = (False,), gated_mlp: tuple[bool, ...] = (False,), kernels: bool = False,
         ) -> dict:
     """Every case in every arm; the results by case and arm.
 
@@ -130,22 +133,27 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
     offline rate, which then needs stock to run first. `step_graphs`: whether every arm's engines run prefill
     and mixed steps through piecewise graphs (`rollout/step_graphs.py`), as vLLM V1 does; (False, True) runs
     each arm both ways on the same model load, the graphed runs as arm `<arm> + pieces`, each against its own
-    kind of stock run (`bench_report.baseline`). `gated_mlp`: whether the runs set DETENT_GATED_MLP=1 (the pinned
-    arms' SiLU-and-mul in the gate/up projection's epilogue, `kernels/matmul_gated.py`); (False, True) runs the
-    pinned arms both ways too, as `<arm> + gated` (over the plain stock run: stock never takes it). The gemm case
-    runs once, plain. DETENT_PDL and DETENT_GATED_MLP are set for each run and put back as they were after.
-    `kernels`: the Poisson case also reports each arm's time by kernel over one more serve (`Bench`)."""
+    kind of stock run (`bench_report.baseline`); "whole": through whole-step graphs (`rollout/full_steps.py`),
+    and (True, "whole") runs each arm through the pieces and as `<arm> + whole`. `gated_mlp`: whether the runs
+    set DETENT_GATED_MLP=1 (the pinned arms' SiLU-and-mul in the gate/up projection's epilogue,
+    `kernels/matmul_gated.py`); (False, True) runs the pinned arms both ways too, as `<arm> + gated` (over the
+    plain stock run: stock never takes it). The gemm case runs once, plain. DETENT_PDL and DETENT_GATED_MLP are
+    set for each run and put back as they were after. `kernels`: the Poisson case also reports each arm's time by
+    kernel over one more serve (`Bench`)."""
     variants = [(p, g) for p in step_graphs for g in gated_mlp]
     both_p, both_g = len(step_graphs) > 1, len(gated_mlp) > 1
 
-    def name_of(arm: str, pieces: bool, gated: bool) -> Optional[str]:
-        """The run's arm name; None for a run not made (stock's gated twin: the same run as its plain one)."""
+    def name_of(arm: str, pieces: bool | str, gated: bool) -> Optional[str]:
+        """The run's arm name; None for a run not made (stock's gated twin: the same run as its plain one). The
+        first of `step_graphs` is the plain run; the other is flagged `pieces` or `whole`."""
         if arm == "stock" and gated and both_g:
             return None
-        return variant(arm, *(["pieces"] if pieces and both_p else []), *(["gated"] if gated and both_g else []))
+        flag = [] if not both_p or pieces == step_graphs[0] else ["whole" if pieces == "whole" else "pieces"]
+        return variant(arm, *flag, *(["gated"] if gated and both_g else []))
     names = [n for arm in arms for p, g in variants if (n := name_of(arm, p, g)) is not None]
     results: dict[str, Any] = {"cases": {c: {} for c in cases}, "arms": names, "stock_runs": {},
-                               "step_graphs": step_graphs[0] if not both_p else "both",
+                               "step_graphs": step_graphs[0] if not both_p else
+                               "both" if step_graphs == (False, True) else "pieces,whole",
                                "gated_mlp": gated_mlp[0] if not both_g else "both"}
     saved = {k: os.environ.get(k) for k in ("DETENT_PDL", "DETENT_GATED_MLP")}
     arrivals = None if poisson_rate is None else poisson_arrivals(shapes.poisson_requests, poisson_rate)
@@ -293,11 +301,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="run the arms this many times in turn, each round loading them afresh; a ratio is then "
                          "the median of the rounds' paired ratios (gemm runs in the first round only)")
-    ap.add_argument("--step-graphs", default="auto", choices=("auto", "on", "off", "off,on"),
-                    metavar="{auto,on,off,'off,on'}",
+    ap.add_argument("--step-graphs", default="auto", choices=("auto", "on", "off", "whole", "off,on", "on,whole"),
+                    metavar="{auto,on,off,whole,'off,on','on,whole'}",
                     help="every arm runs its prefill and mixed steps through piecewise CUDA graphs (auto: on a CUDA "
                          "device, as a run's rollout.step_graphs) (rollout/step_graphs.py); off,on: each arm both "
-                         "ways in the same run, the graphed runs as '<arm> + pieces' against stock's graphed run")
+                         "ways in the same run, the graphed runs as '<arm> + pieces' against stock's graphed run; "
+                         "whole: through whole-step graphs, attention inside (rollout/full_steps.py); on,whole: "
+                         "each arm through the pieces and through whole-step graphs ('<arm> + whole')")
     ap.add_argument("--gated-mlp", default="off", choices=("on", "off", "off,on"), metavar="{on,off,'off,on'}",
                     help="the pinned arms run SiLU-and-mul in the gate/up projection's epilogue (DETENT_GATED_MLP=1, "
                          "kernels/matmul_gated.py); off,on: both ways in the same run, as '<arm> + gated'")
@@ -356,7 +366,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     graphs = ("on" if args.device.startswith("cuda") else "off") if args.step_graphs == "auto" else args.step_graphs
-    pieces = tuple(x == "on" for x in graphs.split(","))
+    pieces = tuple("whole" if x == "whole" else x == "on" for x in graphs.split(","))
     done: list[dict] = []
     for i in range(args.rounds):  # the files are written after every round: a run cut short keeps what it finished
         done.append(run(load, cases if i == 0 else [c for c in cases if c != "gemm"], shapes, args.load,

@@ -74,14 +74,19 @@ def weight_bytes(model: CausalLM) -> int:
 
 
 def _pieced(engine: Engine) -> dict:
-    """{"piece_steps": steps the engine ran through its step graphs (every run's)}, where it has them."""
-    return {} if engine.steps is None else {"piece_steps": sum(engine.steps.runs.values())}
+    """{"piece_steps": steps the engine ran through its step graphs (every run's), and "whole_steps": those of them
+    through whole-step graphs}, where it has them."""
+    if engine.steps is None:
+        return {}
+    whole = getattr(engine.steps, "whole_runs", None)
+    return {"piece_steps": sum(engine.steps.runs.values()) + sum((whole or {}).values()),
+            **({"whole_steps": sum(whole.values())} if whole is not None else {})}
 
 
 def _captured(engine: Engine) -> int:
     """CUDA graphs the engine holds (decode graphs and each piece size's): a serve that captures one stalls for it."""
     return (len(engine.graphs.graphs) if engine.graphs is not None else 0) + \
-        (len(engine.steps.graphs) if engine.steps is not None else 0)
+        (len(engine.steps.graphs) + len(getattr(engine.steps, "whole", ())) if engine.steps is not None else 0)
 
 
 def _reserved(device: torch.device) -> int:
@@ -96,16 +101,19 @@ def _reserved(device: torch.device) -> int:
 
 
 class Bench:
-    def __init__(self, model: CausalLM, shapes: Shapes, step_graphs: bool = False, kernels: bool = False) -> None:
-        """`step_graphs`: every engine runs its prefill and mixed steps through piecewise graphs (the same in
-        every arm: `Engine`'s option). `kernels`: the Poisson case serves the trace once more, after the timed
-        serve, under the torch profiler, and reports its time by kernel (`kernel_times`)."""
+    def __init__(self, model: CausalLM, shapes: Shapes, step_graphs: bool | str = False,
+                 kernels: bool = False) -> None:
+        """`step_graphs`: every engine runs its prefill and mixed steps through piecewise graphs (True), or through
+        whole-step graphs ("whole": `Engine`'s `full_steps`), the same in every arm. `kernels`: the Poisson case
+        serves the trace once more, after the timed serve, under the torch profiler, and reports its time by kernel
+        (`kernel_times`)."""
         self.model, self.shapes, self.vocab = model, shapes, model.config.vocab_size
         self.device, self.step_graphs, self.kernels = model.device, step_graphs, kernels
 
     def _engine(self, sequences: int, tokens: int, batch: int) -> Engine:
         batch = min(batch, self.model.selections.deployment.max_batch)
-        return Engine.for_requests(self.model, sequences, tokens, batch, step_graphs=self.step_graphs)
+        return Engine.for_requests(self.model, sequences, tokens, batch, step_graphs=self.step_graphs is True,
+                                   full_steps=self.step_graphs == "whole")
 
     def _run(self, engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> list:
         engine.flush_cache()  # every run prefills its prompts

@@ -11,8 +11,9 @@ import statistics
 from pathlib import Path
 
 MAIN_METRIC = {"decode-1": "ms_per_step", "decode-32": "ms_per_step", "poisson": "p50_ms", "long": "ms_per_step"}
-VARIANTS = ("pieces", "gated")  # an arm's runs through piecewise step graphs / with the gated MLP epilogue, beside
-# its plain runs (`--step-graphs off,on`, `--gated-mlp off,on`): named `<arm> + pieces`, `<arm> + pieces + gated`, ...
+VARIANTS = ("pieces", "whole", "gated")  # an arm's runs through piecewise step graphs / whole-step graphs / with the
+# gated MLP epilogue, beside its plain runs (`--step-graphs off,on` or `on,whole`, `--gated-mlp off,on`): named
+# `<arm> + pieces`, `<arm> + whole`, `<arm> + pieces + gated`, ...
 
 
 def variant(arm: str, *flags: str) -> str:
@@ -124,9 +125,11 @@ def render(results: dict) -> str:
     out = [f"device {results['device']}; copy bandwidth {results['copy_bandwidth_gbs']:.0f} GB/s (read + write); "
            f"weights {results['weight_bytes'] / 1e9:.3f} GB" + (f"; {rounds} of {asked} rounds done" if asked > rounds
                                                                else "")
-           + ("; prefill and mixed steps through piecewise graphs, every arm" if results.get("step_graphs") is True
-              else "; each arm also through piecewise step graphs ('+ pieces', over stock's graphed run)"
-              if results.get("step_graphs") == "both" else "")
+           + {True: "; prefill and mixed steps through piecewise graphs, every arm",
+              "whole": "; prefill and mixed steps through whole-step graphs (attention inside), every arm",
+              "both": "; each arm also through piecewise step graphs ('+ pieces', over stock's graphed run)",
+              "pieces,whole": "; prefill and mixed steps through piecewise graphs, each arm also through whole-step "
+                              "graphs ('+ whole', over stock's)"}.get(results.get("step_graphs"), "")
            + ("; the gated MLP epilogue on (DETENT_GATED_MLP=1)" if results.get("gated_mlp") is True
               else "; the pinned arms also with the gated MLP epilogue ('+ gated', over stock's run)"
               if results.get("gated_mlp") == "both" else "")
@@ -162,7 +165,8 @@ def render(results: dict) -> str:
             each = results.get("round_ratios", {}).get(case, {}).get(arm)
             spread = f" ({', '.join(f'{x:.2f}' for x in each)})" if each else ""
             out.append(f"| {case} | {label} | {text} | {ratio(results, case, arm):.2f}x{spread} |")
-    for flag, what in (("pieces", "through the pieces"), ("gated", "with the gated MLP epilogue")):
+    for flag, what in (("pieces", "through the pieces"), ("whole", "through whole-step graphs"),
+                       ("gated", "with the gated MLP epilogue")):
         twins = [(case, arm) for case, arms in results["cases"].items() if case != "gemm" for arm in arms
                  if flag not in arm.split(" + ") and variant(arm, flag) in arms]
         if not twins:

@@ -95,8 +95,9 @@ class RolloutSection:
     num_blocks: Optional[int] = None  # KV-cache blocks; None: sized from free memory
     cuda_graphs: Literal["auto", "on", "off"] = "auto"  # decode graphs; auto: on on the GPU (every arm)
     # prefill and mixed steps as piecewise graphs at padded sizes (rollout/step_graphs.py); auto: on where the decode
-    # graphs are captured (the GPU, embedded engine); true/false read as on/off
-    step_graphs: Literal["auto", "on", "off"] = "auto"
+    # graphs are captured (the GPU, embedded engine); true/false read as on/off; whole: one graph of the whole step
+    # a padded size, attention inside (rollout/full_steps.py)
+    step_graphs: Literal["auto", "on", "off", "whole"] = "auto"
     # compile every kernel variant a step can launch and capture every decode graph when the engine starts
     # (`Engine.warmup`), so that no rollout step stalls on a compile; auto: on on the GPU (the CPU compiles nothing)
     warmup: Literal["auto", "on", "off"] = "auto"
@@ -117,8 +118,15 @@ class RolloutSection:
         serving's p50 per output token to 0.34-0.37x in every arm and left the GRPO batch at 0.95-1.00x of its
         time; their graph pool holds ~2.2 GB more at 8,192 tokens a step, and the warm-up takes ~1 s longer."""
         if self.step_graphs != "auto":
-            return self.step_graphs == "on"
+            return self.step_graphs in ("on", "whole")
         return device == "cuda" and self.cuda_graphs != "off"
+
+    def whole(self) -> bool:
+        """Whether the embedded engine's step graphs are whole-step graphs (`step_graphs: whole`, the engine's
+        `full_steps`): each step one graph, attention inside; the pieces then serve only the steps they do not take.
+        In eager-step A/Bs on an H100 (docs/BENCHMARKS.md, session 49) they took a step 0.71-0.90x the pieces'
+        time; not the default until the bench's cases have run with them."""
+        return self.step_graphs == "whole"
 
 
 @dataclass(frozen=True)

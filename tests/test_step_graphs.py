@@ -231,7 +231,8 @@ def test_the_recipe_switch_is_on_where_decode_graphs_are_captured(tmp_path):
     assert not rollout(cuda_graphs="off").pieces("cuda")
     assert rollout(step_graphs="on").pieces("cpu") and not rollout(step_graphs="off").pieces("cuda")
     assert rollout(step_graphs=True).step_graphs == "on" and rollout(step_graphs=False).step_graphs == "off"
-    with pytest.raises(RecipeError, match=r"rollout\.step_graphs: expected one of 'auto', 'on', 'off', got 'yes'"):
+    with pytest.raises(RecipeError, match=r"rollout\.step_graphs: expected one of 'auto', 'on', 'off', 'whole', "
+                                          r"got 'yes'"):
         rollout(step_graphs="yes")
     with pytest.raises(RecipeError, match=r"run\.arm: expected one of .*got True"):  # a switch without on/off
         parse_recipe({**base, "run": {"name": "t", "arm": True}})
