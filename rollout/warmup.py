@@ -9,7 +9,8 @@ warm up at start for the same reason (vLLM and SGLang capture their decode graph
 
 `warmup` runs the engine's own step path (`Engine._step`: forward, LM head, sampler) over synthetic steps,
 one per class of steps the kernels tell apart, and captures every decode graph (and, with `step_graphs`, the
-pieces of every padded step size: `rollout/step_graphs.py`; its linears then see the padded count). A step's
+pieces of every padded step size: `rollout/step_graphs.py`, or with `full_steps` each size's whole-step graph:
+`rollout/full_steps.py`; its linears then see the padded count). A step's
 class is what its launches compile for: the attention selection of its shape (sequences, longest query,
 tokens, longest context), each pinned linear site's selection at its token count, and Triton's specialisation
 of the token and sampled-row counts and of the page table's width. Candidate steps sweep the token counts up to the
