@@ -23,9 +23,9 @@ from detent_rl.models.runner import completion_logprobs, step_inputs
 from detent_rl.rollout import vmm
 from detent_rl.rollout.block_manager import BlockManager
 from detent_rl.rollout.cuda_graph import DecodeGraphs, PendingStep
+from detent_rl.rollout.full_steps import FullStepGraphs
 from detent_rl.rollout.scheduler import Scheduler, Span
 from detent_rl.rollout.sequence import SamplingParams, Sequence
-from detent_rl.rollout.full_steps import FullStepGraphs
 from detent_rl.rollout.step_graphs import StepGraphs
 
 
