@@ -296,9 +296,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=64,
                     help="workload: the engine's slots, requests decoding at once, as a run's rollout.max_num_seqs "
                          "(without --recipe)")
-    ap.add_argument("--step-graphs", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
+    ap.add_argument("--step-graphs", nargs="?", const="on", default="auto", choices=("auto", "on", "off", "whole"),
                     help="workload: prefill steps through piecewise graphs, as a run's rollout.step_graphs (auto: on a "
-                         "CUDA device, the runs' default; the flag alone: on) (without --recipe)")
+                         "CUDA device, the runs' default; the flag alone: on; whole: whole-step graphs) (without "
+                         "--recipe)")
     ap.add_argument("--chunk-size", type=int, default=256,
                     help="workload: chunked-prefill tokens a sequence a step, as a run's rollout.chunk_size (without "
                          "--recipe)")
@@ -356,7 +357,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             model = load_model(path, "detent", commitment=start, **kw)
         except CommitmentError as e:
             ap.error(f"--commitment: {e}")
-        pieces = args.device.startswith("cuda") if args.step_graphs == "auto" else args.step_graphs == "on"
+        pieces = args.device.startswith("cuda") if args.step_graphs == "auto" else \
+            "whole" if args.step_graphs == "whole" else args.step_graphs == "on"
         try:
             workload = ServingWorkload(args.requests, arrivals_per_step=args.arrivals_per_step,
                                        max_num_seqs=args.max_num_seqs,

@@ -22,6 +22,11 @@ from detent_rl.timing import sync
 from detent_rl.trainer.accumulate import micro_batches
 
 
+def graph_options(step_graphs: bool | str) -> dict:
+    """The engine's step-graph options for a workload's `step_graphs` (False, True: the pieces, "whole")."""
+    return {"step_graphs": step_graphs is True, "full_steps": step_graphs == "whole"}
+
+
 @dataclass(frozen=True)
 class Workload:
     """One RL step's shapes: `prompts` prompts of `prompt_len` tokens, each sampled `samples` times (a
@@ -31,7 +36,8 @@ class Workload:
     most `forward_tokens` tokens (`train.max_tokens_per_micro_batch`; None: the deployment's step), cut as the
     trainer cuts its micro-batches (`trainer.accumulate.micro_batches`).
     `step_graphs`: the engine runs its prefill steps through piecewise graphs (`rollout.step_graphs`), whose
-    linears see the padded token count: the profile's calls are then the run's. `chunk_size`: the engine's
+    linears see the padded token count: the profile's calls are then the run's; "whole": through whole-step graphs
+    (`rollout.step_graphs: whole`, `rollout/full_steps.py`). `chunk_size`: the engine's
     chunked-prefill tokens a sequence a step (`rollout.chunk_size`), which set the prefill's shapes. `cuda_graphs`:
     decode through graphs at padded batch sizes (None: on a CUDA device; `rollout.cuda_graphs`). `temperature`,
     `top_k`, `top_p`: the rollout's sampling (a filtered row's decode graph returns logits and the eager sampler
@@ -42,7 +48,7 @@ class Workload:
     micro_batch: int = 8
     max_num_seqs: int = 64
     samples: int = 1
-    step_graphs: bool = False
+    step_graphs: bool | str = False
     forward_tokens: Optional[int] = None
     chunk_size: int = 256
     cuda_graphs: Optional[bool] = None
@@ -92,7 +98,7 @@ class Workload:
         # the run's slots (`workers.py`): not capped by the requests, since the decode graphs' padded sizes follow
         # the slots (5 requests in 8 slots decode at the padded 8, not 5)
         return Engine.for_requests(model, self.requests, self.prompt_len + self.new_tokens,
-                                   min(d.max_batch, self.max_num_seqs), step_graphs=self.step_graphs,
+                                   min(d.max_batch, self.max_num_seqs), **graph_options(self.step_graphs),
                                    chunk_size=self.chunk_size, cuda_graphs=self.cuda_graphs)
 
     def run(self, engine: Engine) -> float:
@@ -138,7 +144,7 @@ class ServingWorkload:
     new_range: tuple[int, int] = (32, 256)
     arrivals_per_step: float = 0.1
     max_num_seqs: int = 64
-    step_graphs: bool = False
+    step_graphs: bool | str = False
     chunk_size: int = 256
     cuda_graphs: Optional[bool] = None
     temperature: float = 1.0
@@ -173,7 +179,7 @@ class ServingWorkload:
         d = model.selections.deployment
         self.check(d)
         return Engine.for_requests(model, self.requests, self.prompt_range[1] + self.new_range[1],
-                                   min(d.max_batch, self.max_num_seqs), step_graphs=self.step_graphs,
+                                   min(d.max_batch, self.max_num_seqs), **graph_options(self.step_graphs),
                                    chunk_size=self.chunk_size, cuda_graphs=self.cuda_graphs)
 
     def run(self, engine: Engine) -> float:
@@ -218,7 +224,8 @@ def recipe_workload(recipe_path: str, overrides: list[str]) -> tuple[CausalLM, W
     workload = Workload(prompts=-(-ro.prompts_per_step // ro.num_engines), prompt_len=prompt,
                         new_tokens=ro.max_new_tokens, micro_batch=tr.micro_batch_size, max_num_seqs=ro.max_num_seqs,
                         samples=ro.samples_per_prompt,
-                        step_graphs=ro.pieces(setup.spec.device), forward_tokens=tr.max_tokens_per_micro_batch,
+                        step_graphs="whole" if ro.whole() else ro.pieces(setup.spec.device),
+                        forward_tokens=tr.max_tokens_per_micro_batch,
                         chunk_size=ro.chunk_size, cuda_graphs=ro.graphs(), temperature=ro.temperature, top_k=ro.top_k,
                         top_p=ro.top_p)
     spec = setup.spec

@@ -33,12 +33,15 @@ def test_a_workload_with_step_graphs_profiles_the_padded_counts(tmp_path):
     from detent_rl.tune import profile
     model = load_model(save(hf_model("qwen2"), tmp_path / "m"), "detent", dtype=torch.float32, **LIMITS)
     rows = {}
-    for pieces in (False, True):
+    for pieces in (False, True, "whole"):  # "whole": through whole-step graphs (rollout.step_graphs: whole)
         w = Workload(2, 37, 2, micro_batch=2, step_graphs=pieces)  # one prefill step of 74 tokens
-        _, calls = profile(w.engine(model), w)
+        engine = w.engine(model)
+        assert hasattr(engine.steps, "whole_runs") == (pieces == "whole")
+        _, calls = profile(engine, w)
         rows[pieces] = {args[0] for k, c in calls.items() if k.startswith("matmul") for args in c}
     assert 74 in rows[False] and 80 not in rows[False]
     assert 80 in rows[True] and 74 not in rows[True]
+    assert 80 in rows["whole"] and 74 not in rows["whole"]
 
 
 def test_a_workloads_chunk_size_sets_its_prefill_shapes(tmp_path):
@@ -100,6 +103,8 @@ def test_a_recipes_workload_rescores_in_the_trainers_micro_batches(tmp_path, mon
     assert (shared.prompts, shared.samples, workload.prompts) == (3, 4, 8)
     _, eager, _ = recipe_workload(str(RECIPES_DIR / "grpo_bf16.yaml"), overrides + ["rollout.cuda_graphs=off"])
     assert eager.cuda_graphs is False and eager.step_graphs is False
+    _, whole, _ = recipe_workload(str(RECIPES_DIR / "grpo_bf16.yaml"), overrides + ["rollout.step_graphs=whole"])
+    assert whole.step_graphs == "whole"  # the run's engine takes whole-step graphs: so does the tuner's
     length = workload.prompt_len + workload.new_tokens
     assert workload.micro_batch * length > d.max_num_tokens  # what the old check refused
     workload.check(d)
