@@ -87,12 +87,12 @@ class FullStepGraphs(StepGraphs):
         n = sum(len(s.tokens) for s in spans)
         if not spans or n > self.max_tokens or len(spans) >= self.requests:
             return False
-        if max(s.cached + len(s.tokens) for s in spans) > self.max_pages * self.model.page_size:
+        longest = max(s.cached + len(s.tokens) for s in spans)
+        if longest > self.max_pages * self.model.page_size:
             return False  # (a table may be wider than its keys: only the pages they fill are staged)
         if self.model.selections.arm in ("stock", "corun"):
             return True  # the capture's selection, as a stock engine's full graphs
-        own = self.model.select_attention(len(spans), max(len(s.tokens) for s in spans), n,
-                                          max(s.cached + len(s.tokens) for s in spans))
+        own = self.model.select_attention(len(spans), max(len(s.tokens) for s in spans), n, longest)
         graph = self.selection(self.size_for(n))
         return (own.block_n, own.split_size) == (graph.block_n, graph.split_size)
 
@@ -161,7 +161,8 @@ class FullStepGraphs(StepGraphs):
             self._copied.synchronize()
         ids_slots, pos, cu, pos0, tile_req, tile_q0, _ = self._host
         ids_slots[0, :b], ids_slots[1, :b], pos[:b], cu[:], pos0[:] = 0, self.scratch_slot, 0, 0, 0
-        tile_req[:self.tiles(b)[1]], tile_q0[:self.tiles(b)[1]] = 0, 0
+        grid = self.tiles(b)[1]
+        tile_req[:grid], tile_q0[:grid] = 0, 0
         self._upload()
 
     def _upload(self) -> None:
@@ -172,11 +173,11 @@ class FullStepGraphs(StepGraphs):
     def run(self, spans: list[Span]) -> torch.Tensor:
         """Final hidden states [n, hidden] of a step the graphs `take`, through its size's whole graph (captured
         on first use). The returned tensor is overwritten by the next step through the graphs."""
+        b = self.size_for(sum(len(s.tokens) for s in spans))
+        if self.capture and b not in self.whole:
+            self.capture_whole(b)  # on padding inputs, before the step's are staged
         n, b = self._stage(spans)
         self.whole_runs[b] = self.whole_runs.get(b, 0) + 1
-        if self.capture and b not in self.whole:
-            self.capture_whole(b)  # on padding inputs: the step's are staged again below
-            n, b = self._stage(spans)
         self._upload()
         if not self.capture:
             with torch.inference_mode():
