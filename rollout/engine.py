@@ -14,7 +14,7 @@ from typing import Iterable, Mapping
 import torch
 
 from detent_rl.kernels.attention import device_tensor
-from detent_rl.kernels.sampling import sample, unfiltered
+from detent_rl.kernels.sampling import sample, sample_unfiltered, unfiltered
 from detent_rl.models.context import set_context
 from detent_rl.models.loader import update_weights
 from detent_rl.models.model import CausalLM
@@ -224,7 +224,11 @@ class Engine:
             at += s.count
             if s.samples:
                 ends.append(at - 1)
-        return self.model.logits(hidden[ends]) if ends else None
+        if not ends:
+            return None
+        # the rows by a device index copied without waiting (`hidden[ends]` copies a host list and waits for the
+        # device's queue: the whole step, before the LM head and the sampler could be launched behind it)
+        return self.model.logits(hidden.index_select(0, device_tensor(ends, torch.int64, hidden.device)))
 
     @staticmethod
     def _graph_temperature(params: list[SamplingParams]) -> float | None:
@@ -255,8 +259,13 @@ class Engine:
         ints = device_tensor([[x.seed for x in p], [len(s.seq) for s in sampling], [x.top_k for x in p]],
                              torch.int64, dev)
         floats = device_tensor([[x.temperature for x in p], [x.top_p for x in p]], torch.float32, dev)
-        tokens, logprobs = sample(logits, ints[0], ints[1], temperature=floats[0], top_k=ints[2], top_p=floats[1],
-                                  block=cfg.block, num_warps=cfg.num_warps)
+        one = self._graph_temperature(p)
+        if one is not None:  # RL's usual rows: `sample`'s bits without its checks' and its temperatures' host syncs
+            tokens, logprobs = sample_unfiltered(logits, ints[0], ints[1], floats[0], temperature=one,
+                                                 block=cfg.block, num_warps=cfg.num_warps)
+        else:
+            tokens, logprobs = sample(logits, ints[0], ints[1], temperature=floats[0], top_k=ints[2],
+                                      top_p=floats[1], block=cfg.block, num_warps=cfg.num_warps)
         return {s.seq.seq_id: (t, lp) for s, t, lp in zip(sampling, tokens.tolist(), logprobs.tolist())}
 
     @torch.inference_mode()
