@@ -246,10 +246,20 @@ class Engine:
         eager sampler."""
         self.eager_steps += 1
         self.eager_tokens += sum(s.count for s in spans)
+        launched = self._launch(spans)
+        if launched is None:
+            return {}
+        sampling, tokens, logprobs = launched
+        return {s.seq.seq_id: (t, lp) for s, t, lp in zip(sampling, tokens.tolist(), logprobs.tolist())}
+
+    def _launch(self, spans: list[Span]) -> tuple[list[Span], torch.Tensor, torch.Tensor] | None:
+        """Launch an eager step's forward, LM head and sampler without waiting for the device (rows of one
+        temperature without top-k/top-p; `sample`'s checks read the device); (its sampling spans, their tokens
+        and logprobs on the device), or None if no span samples."""
         graphed = self._graphed(spans)
         logits = self._logits(spans, graphed)
         if logits is None:
-            return {}
+            return None
         sampling = [s for s in spans if s.samples]
         dev = logits.device
         p = [s.seq.params for s in sampling]
@@ -266,7 +276,7 @@ class Engine:
         else:
             tokens, logprobs = sample(logits, ints[0], ints[1], temperature=floats[0], top_k=ints[2],
                                       top_p=floats[1], block=cfg.block, num_warps=cfg.num_warps)
-        return {s.seq.seq_id: (t, lp) for s, t, lp in zip(sampling, tokens.tolist(), logprobs.tolist())}
+        return sampling, tokens, logprobs
 
     @torch.inference_mode()
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor], *,

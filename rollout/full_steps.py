@@ -99,7 +99,7 @@ class FullStepGraphs(StepGraphs):
     def _stage(self, spans: list[Span]) -> tuple[int, int]:
         """Write a step's rows and metadata into the pinned host buffer, padded to its size; (rows, size)."""
         check_spans(self.model, spans)
-        if self._copied is not None:
+        if self._copied is not None and not self._copied.query():
             self._copied.synchronize()  # the previous step's copy has left the host buffer
         ids_slots, pos, cu, pos0, tile_req, tile_q0, table = self._host
         page, B = self.model.page_size, len(spans)
@@ -157,7 +157,7 @@ class FullStepGraphs(StepGraphs):
 
     def _stage_idle(self, b: int) -> None:
         """Every row padding, every tile the idle request's (request 0, no rows)."""
-        if self._copied is not None:
+        if self._copied is not None and not self._copied.query():
             self._copied.synchronize()
         ids_slots, pos, cu, pos0, tile_req, tile_q0, _ = self._host
         ids_slots[0, :b], ids_slots[1, :b], pos[:b], cu[:], pos0[:] = 0, self.scratch_slot, 0, 0, 0

@@ -115,3 +115,37 @@ def test_engine_falls_back_to_the_pieces_past_the_request_slots(tmp_path):
     got = engine.generate(prompts, params)
     assert [(s.completion, s.logprobs) for s in got] == [(s.completion, s.logprobs) for s in want]
     assert sum(engine.steps.whole_runs.values()) > 0 and sum(engine.steps.runs.values()) > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: an eager step's launches read nothing back before its tokens
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["pieces", "whole"])
+def test_gpu_an_eager_step_launches_without_reading_the_device(tmp_path, mode):
+    """The forward (through the pieces or a whole-step graph), the LM head and the sampler of RL's usual rows are
+    launched with no host synchronisation (the tokens' read is the step's one); control: rows with top-k take
+    `sample`, whose value checks read the device, and the same detector sees it."""
+    from detent_rl.rollout.sequence import SamplingParams
+    from detent_rl.rollout.warmup import synthetic_spans
+    from test_step_graphs import MODES
+    model = load_model(save(hf_model("qwen2"), tmp_path), "detent", device="cuda", dtype=torch.bfloat16, **LIMITS)
+    engine = Engine(model, num_blocks=64, chunk_size=64, **MODES[mode])
+    spans = synthetic_spans(engine, [1, 1, 1, 9], [20, 30, 40, 0], 4)  # three decode rows beside a prefill
+    engine._step(spans)  # compiles, captures and records what the step needs
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        assert engine._launch(spans) is not None
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for i, s in enumerate(spans):
+        s.seq.params = SamplingParams(seed=i, top_k=5)
+    engine._step(spans)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            engine._launch(spans)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
