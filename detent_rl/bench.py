@@ -44,13 +44,13 @@ first at stock) and serving the first round's Poisson arrivals; each ratio is th
 rounds' paired ratios (an arm over the same round's stock run), which a drift of the machine between
 rounds does not bias (`detent_rl/bench_report.py`).
 
-`--step-graphs on` (the default on a CUDA device, as `rollout.step_graphs` is: `auto`) runs every arm's prefill and
-mixed steps through piecewise CUDA graphs (`rollout/step_graphs.py`, as vLLM V1 does, the stock arm too);
-`--step-graphs off,on` runs each arm both ways on the same model load, the graphed runs as
+`--step-graphs whole` (the default on a CUDA device, as `rollout.step_graphs` is: `auto`) runs every arm's prefill
+and mixed steps through whole-step CUDA graphs (`rollout/full_steps.py`: attention inside, one graph a padded size;
+the stock arm too, as a stock engine's full graphs), and `on` through piecewise graphs with attention eager between
+them (`rollout/step_graphs.py`, as vLLM V1 does); `--step-graphs off,on` runs each arm both ways on the same model load, the graphed runs as
 `<arm> + pieces` over stock's graphed run (the same engine features on both sides), and adds a table of each
-arm's time with the pieces over without (the rounds' paired ratios): the pieces' A/B in one run. `--step-graphs
-whole` runs them through whole-step graphs instead (`rollout/full_steps.py`: attention inside, one graph a padded
-size), and `on,whole` runs each arm both ways, the whole-step runs as `<arm> + whole` over stock's, with a table
+arm's time with the pieces over without (the rounds' paired ratios): the pieces' A/B in one run; `on,whole` runs
+each arm both ways, the whole-step runs as `<arm> + whole` over stock's, with a table
 of each arm's time through them over its time through the pieces.
 
     python -m detent_rl.bench --arms stock,tuned --cases poisson,grpo --step-graphs off,on --rounds 3 \
@@ -303,11 +303,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "the median of the rounds' paired ratios (gemm runs in the first round only)")
     ap.add_argument("--step-graphs", default="auto", choices=("auto", "on", "off", "whole", "off,on", "on,whole"),
                     metavar="{auto,on,off,whole,'off,on','on,whole'}",
-                    help="every arm runs its prefill and mixed steps through piecewise CUDA graphs (auto: on a CUDA "
-                         "device, as a run's rollout.step_graphs) (rollout/step_graphs.py); off,on: each arm both "
-                         "ways in the same run, the graphed runs as '<arm> + pieces' against stock's graphed run; "
-                         "whole: through whole-step graphs, attention inside (rollout/full_steps.py); on,whole: "
-                         "each arm through the pieces and through whole-step graphs ('<arm> + whole')")
+                    help="every arm runs its prefill and mixed steps through whole-step CUDA graphs, attention "
+                         "inside (whole, rollout/full_steps.py; auto: whole on a CUDA device, as a run's "
+                         "rollout.step_graphs) or piecewise graphs (on, rollout/step_graphs.py); off,on: each arm "
+                         "both ways in the same run, the graphed runs as '<arm> + pieces' against stock's graphed "
+                         "run; on,whole: each arm through the pieces and through whole-step graphs ('<arm> + whole')")
     ap.add_argument("--gated-mlp", default="off", choices=("on", "off", "off,on"), metavar="{on,off,'off,on'}",
                     help="the pinned arms run SiLU-and-mul in the gate/up projection's epilogue (DETENT_GATED_MLP=1, "
                          "kernels/matmul_gated.py); off,on: both ways in the same run, as '<arm> + gated'")
@@ -365,7 +365,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                           dtype=getattr(torch, args.dtype), commitment=tuples[file] if file else None, **lim)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    graphs = ("on" if args.device.startswith("cuda") else "off") if args.step_graphs == "auto" else args.step_graphs
+    graphs = ("whole" if args.device.startswith("cuda") else "off") if args.step_graphs == "auto" else \
+        args.step_graphs
     pieces = tuple("whole" if x == "whole" else x == "on" for x in graphs.split(","))
     done: list[dict] = []
     for i in range(args.rounds):  # the files are written after every round: a run cut short keeps what it finished

@@ -94,9 +94,9 @@ class RolloutSection:
     chunk_size: int = 256  # chunked-prefill tokens per step
     num_blocks: Optional[int] = None  # KV-cache blocks; None: sized from free memory
     cuda_graphs: Literal["auto", "on", "off"] = "auto"  # decode graphs; auto: on on the GPU (every arm)
-    # prefill and mixed steps as piecewise graphs at padded sizes (rollout/step_graphs.py); auto: on where the decode
-    # graphs are captured (the GPU, embedded engine); true/false read as on/off; whole: one graph of the whole step
-    # a padded size, attention inside (rollout/full_steps.py)
+    # prefill and mixed steps through CUDA graphs at padded sizes; auto: whole where the decode graphs are captured
+    # (the GPU, embedded engine): one graph of the whole step a padded size, attention inside (rollout/full_steps.py);
+    # on: the pieces between the attention calls (rollout/step_graphs.py); true/false read as on/off
     step_graphs: Literal["auto", "on", "off", "whole"] = "auto"
     # compile every kernel variant a step can launch and capture every decode graph when the engine starts
     # (`Engine.warmup`), so that no rollout step stalls on a compile; auto: on on the GPU (the CPU compiles nothing)
@@ -121,12 +121,12 @@ class RolloutSection:
             return self.step_graphs in ("on", "whole")
         return device == "cuda" and self.cuda_graphs != "off"
 
-    def whole(self) -> bool:
-        """Whether the embedded engine's step graphs are whole-step graphs (`step_graphs: whole`, the engine's
-        `full_steps`): each step one graph, attention inside; the pieces then serve only the steps they do not take.
-        In eager-step A/Bs on an H100 (docs/BENCHMARKS.md, session 49) they took a step 0.71-0.90x the pieces'
-        time; not the default until the bench's cases have run with them."""
-        return self.step_graphs == "whole"
+    def whole(self, device: str) -> bool:
+        """Whether the embedded engine's step graphs on `device` are whole-step graphs (the engine's `full_steps`):
+        each step one graph, attention inside; the pieces then serve only the steps they do not take. `whole`, or
+        auto where the step graphs are on. On an H100 (docs/BENCHMARKS.md, session 50) they took online serving's
+        p50 per output token to 0.91-0.92x of the pieces' in every arm and left the GRPO batch at 1.00x."""
+        return self.step_graphs == "whole" or (self.step_graphs == "auto" and self.pieces(device))
 
 
 @dataclass(frozen=True)

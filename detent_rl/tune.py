@@ -297,8 +297,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="workload: the engine's slots, requests decoding at once, as a run's rollout.max_num_seqs "
                          "(without --recipe)")
     ap.add_argument("--step-graphs", nargs="?", const="on", default="auto", choices=("auto", "on", "off", "whole"),
-                    help="workload: prefill steps through piecewise graphs, as a run's rollout.step_graphs (auto: on a "
-                         "CUDA device, the runs' default; the flag alone: on; whole: whole-step graphs) (without "
+                    help="workload: prefill steps through CUDA graphs, as a run's rollout.step_graphs (auto: whole-step "
+                         "graphs on a CUDA device, the runs' default; on or the flag alone: the pieces; whole) (without "
                          "--recipe)")
     ap.add_argument("--chunk-size", type=int, default=256,
                     help="workload: chunked-prefill tokens a sequence a step, as a run's rollout.chunk_size (without "
@@ -357,7 +357,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             model = load_model(path, "detent", commitment=start, **kw)
         except CommitmentError as e:
             ap.error(f"--commitment: {e}")
-        pieces = args.device.startswith("cuda") if args.step_graphs == "auto" else \
+        pieces = ("whole" if args.device.startswith("cuda") else False) if args.step_graphs == "auto" else \
             "whole" if args.step_graphs == "whole" else args.step_graphs == "on"
         try:
             workload = ServingWorkload(args.requests, arrivals_per_step=args.arrivals_per_step,

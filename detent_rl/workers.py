@@ -109,7 +109,8 @@ class RolloutWorker:
         blocks = rollout.num_blocks or min(num_seqs, batch) * -(-spec.max_context // self.model.page_size) + 8
         self.engine = Engine(self.model, num_blocks=blocks, max_num_seqs=num_seqs, chunk_size=rollout.chunk_size,
                              cuda_graphs=rollout.graphs(),
-                             step_graphs=rollout.pieces(self.model.device.type), full_steps=rollout.whole(),
+                             step_graphs=rollout.pieces(self.model.device.type),
+                             full_steps=rollout.whole(self.model.device.type),
                              releasable=rollout.release_memory)  # (the cache's addresses kept across releases)
         self.warmup: dict | None = None  # `Engine.warmup`'s report, where it ran
         if rollout.warmup == "on" or (rollout.warmup == "auto" and self.model.device.type == "cuda"):

@@ -224,7 +224,7 @@ def recipe_workload(recipe_path: str, overrides: list[str]) -> tuple[CausalLM, W
     workload = Workload(prompts=-(-ro.prompts_per_step // ro.num_engines), prompt_len=prompt,
                         new_tokens=ro.max_new_tokens, micro_batch=tr.micro_batch_size, max_num_seqs=ro.max_num_seqs,
                         samples=ro.samples_per_prompt,
-                        step_graphs="whole" if ro.whole() else ro.pieces(setup.spec.device),
+                        step_graphs="whole" if ro.whole(setup.spec.device) else ro.pieces(setup.spec.device),
                         forward_tokens=tr.max_tokens_per_micro_batch,
                         chunk_size=ro.chunk_size, cuda_graphs=ro.graphs(), temperature=ro.temperature, top_k=ro.top_k,
                         top_p=ro.top_p)

@@ -22,7 +22,7 @@ def test_quick_bench_runs_every_arm_and_case(tmp_path, capsys):
     data = json.loads((tmp_path / "bench.json").read_text())
     assert list(data["cases"]) == cases and all(set(data["cases"][c]) == set(ARMS) for c in cases)
     assert data["copy_bandwidth_gbs"] > 0 and data["weight_bytes"] > 0 and data["poisson_rate_per_s"] > 0
-    assert data["step_graphs"] is False  # --step-graphs auto: the pieces on a CUDA device only
+    assert data["step_graphs"] is False  # --step-graphs auto: whole-step graphs on a CUDA device only
     # stock ran with our kernels' PDL on and off and kept its faster run per case
     assert all([r["pdl"] for r in data["stock_runs"][c]] == ["on", "off"] for c in cases)
     assert all(data["cases"][c]["stock"] in data["stock_runs"][c] for c in cases)

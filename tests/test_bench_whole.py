@@ -49,9 +49,9 @@ def test_the_recipe_switch_whole_gives_the_engine_whole_step_graphs(tmp_path):
     from detent_rl.recipe_schema import RecipeError
     base = {"run": {"name": "t"}, "model": {"builtin": "tiny"}, "data": {"source": "reasoning_gym:basic_arithmetic"}}
     whole = parse_recipe({**base, "rollout": {"step_graphs": "whole"}}).rollout
-    assert whole.whole() and whole.pieces("cpu") and whole.pieces("cuda")
+    assert whole.whole("cpu") and whole.whole("cuda") and whole.pieces("cpu") and whole.pieces("cuda")
     on = parse_recipe({**base, "rollout": {"step_graphs": "on"}}).rollout
-    assert on.pieces("cpu") and not on.whole()
+    assert on.pieces("cpu") and on.pieces("cuda") and not on.whole("cpu") and not on.whole("cuda")
     with pytest.raises(RecipeError, match=r"rollout\.step_graphs: expected one of 'auto', 'on', 'off', 'whole', "
                                           r"got 'full'"):
         parse_recipe({**base, "rollout": {"step_graphs": "full"}})

@@ -228,7 +228,8 @@ def test_the_recipe_switch_is_on_where_decode_graphs_are_captured(tmp_path):
 
     auto = rollout()
     assert auto.step_graphs == "auto" and auto.pieces("cuda") and not auto.pieces("cpu")
-    assert not rollout(cuda_graphs="off").pieces("cuda")
+    assert auto.whole("cuda") and not auto.whole("cpu")  # auto: whole-step graphs where the step graphs are on
+    assert not rollout(cuda_graphs="off").pieces("cuda") and not rollout(cuda_graphs="off").whole("cuda")
     assert rollout(step_graphs="on").pieces("cpu") and not rollout(step_graphs="off").pieces("cuda")
     assert rollout(step_graphs=True).step_graphs == "on" and rollout(step_graphs=False).step_graphs == "off"
     with pytest.raises(RecipeError, match=r"rollout\.step_graphs: expected one of 'auto', 'on', 'off', 'whole', "
