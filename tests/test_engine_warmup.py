@@ -135,21 +135,28 @@ def _serve_online(engine: Engine) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("arm,dtype", [("detent", torch.bfloat16), ("stock", torch.bfloat16),
-                                       ("detent", torch.float32)], ids=["detent-bf16", "stock-bf16", "detent-fp32"])
-def test_gpu_warmup_leaves_an_online_serve_nothing_to_compile(tmp_path, arm, dtype):
+@pytest.mark.parametrize("arm,dtype,whole", [("detent", torch.bfloat16, False), ("stock", torch.bfloat16, False),
+                                             ("detent", torch.float32, False), ("detent", torch.bfloat16, True)],
+                         ids=["detent-bf16", "stock-bf16", "detent-fp32", "detent-bf16-whole"])
+def test_gpu_warmup_leaves_an_online_serve_nothing_to_compile(tmp_path, arm, dtype, whole):
+    """`whole`: the runs' default engine on the GPU (`rollout.step_graphs: auto`), whose warm-up also captures every
+    size's whole-step graph."""
     model = load_model(save(hf_model("qwen2"), tmp_path), arm, device="cuda", dtype=dtype, **LIMITS)
     _forget_compiled()
-    engine = Engine(model, num_blocks=64, chunk_size=64)
+    engine = Engine(model, num_blocks=64, chunk_size=64, full_steps=whole)
     report = engine.warmup()
-    assert report["compiled"] > 0 and report["graphs"] == len(engine.graphs.sizes)
+    extra = report["graphs"] - len(engine.graphs.sizes)  # whole: the sizes its synthetic steps did not capture
+    assert report["compiled"] > 0 and (extra >= 0 if whole else extra == 0)
+    assert not whole or set(engine.steps.whole) == set(engine.steps.sizes)  # every size's whole graph captured
+    runs = sum(engine.steps.whole_runs.values()) if whole else 0
     with counting_compiles() as compiled:
         _serve_online(engine)
     assert compiled == []
+    assert not whole or sum(engine.steps.whole_runs.values()) > runs  # the serve's eager steps went through them
     # negative control: the same serve on a cold engine compiles inside its steps
     _forget_compiled()
     with counting_compiles() as compiled:
-        _serve_online(Engine(model, num_blocks=64, chunk_size=64))
+        _serve_online(Engine(model, num_blocks=64, chunk_size=64, full_steps=whole))
     assert compiled
 
 
