@@ -121,7 +121,7 @@ def _prompts() -> list[list[int]]:
 
 
 def _model_rank(rank: int, world: int, port: int, path: str, arm: str, out: str, device: str = "cpu",
-                dtype_name: str = "bfloat16") -> None:
+                dtype_name: str = "bfloat16", full_steps: bool = False) -> None:
     import torch.distributed as dist
     from detent_rl.kernels.selections import KernelSelections
     from detent_rl.models import ModelConfig, deployment_for, load_model
@@ -137,7 +137,8 @@ def _model_rank(rank: int, world: int, port: int, path: str, arm: str, out: str,
     model = load_model(path, selections, device=f"cuda:{rank}" if device == "cuda" else "cpu", dtype=dtype, tp=tp)
     prompts = _prompts()
     params = [SamplingParams(seed=i, temperature=1.0, max_tokens=6) for i in range(len(prompts))]
-    engine = Engine(model, num_blocks=64, cuda_graphs=device == "cuda")  # graphs capture the collectives
+    # graphs capture the collectives; `full_steps`: prefill steps through whole-step graphs (the runs' GPU default)
+    engine = Engine(model, num_blocks=64, cuda_graphs=device == "cuda", full_steps=full_steps)
     batch = engine.generate(prompts, params)
     alone = [engine.generate([p], [s])[0] for p, s in zip(prompts, params)]
     seqs = [(s.tokens, s.num_prompt) for s in batch]
@@ -325,14 +326,16 @@ def test_tp_invariant_mode_gives_one_gpus_bits(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("whole", [False, True], ids=["decode-graphs", "whole-steps"])
 @pytest.mark.parametrize("arm", ["detent", "stock"])
-def test_two_gpus_sample_and_rescore_the_same_bits(tmp_path, arm):
+def test_two_gpus_sample_and_rescore_the_same_bits(tmp_path, arm, whole):
     """The same on two GPUs: NCCL, the Triton kernels, the decode steps as CUDA graphs that capture the
-    collectives. Control: the stock arm (cuBLAS, the all-reduce by message size) misses the bits."""
+    collectives (`whole`: the prefill steps too, through whole-step graphs, as a run's engine on the GPU takes
+    them). Control: the stock arm (cuBLAS, the all-reduce by message size) misses the bits."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs (the device's nvidia-h200-x2 kind)")
     path = save(hf_model("qwen2", **WIDE), tmp_path / "wide")
-    _spawn(_model_rank, 2, str(path), arm, str(tmp_path), "cuda")
+    _spawn(_model_rank, 2, str(path), arm, str(tmp_path), "cuda", "bfloat16", whole)
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert reports[0]["tokens"] == reports[1]["tokens"] and reports[0]["rescored"] == reports[1]["rescored"]
     r = reports[0]
