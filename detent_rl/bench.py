@@ -47,11 +47,11 @@ rounds does not bias (`detent_rl/bench_report.py`).
 `--step-graphs whole` (the default on a CUDA device, as `rollout.step_graphs` is: `auto`) runs every arm's prefill
 and mixed steps through whole-step CUDA graphs (`rollout/full_steps.py`: attention inside, one graph a padded size;
 the stock arm too, as a stock engine's full graphs), and `on` through piecewise graphs with attention eager between
-them (`rollout/step_graphs.py`, as vLLM V1 does); `--step-graphs off,on` runs each arm both ways on the same model load, the graphed runs as
-`<arm> + pieces` over stock's graphed run (the same engine features on both sides), and adds a table of each
-arm's time with the pieces over without (the rounds' paired ratios): the pieces' A/B in one run; `on,whole` runs
-each arm both ways, the whole-step runs as `<arm> + whole` over stock's, with a table
-of each arm's time through them over its time through the pieces.
+them (`rollout/step_graphs.py`, as vLLM V1 does); `--step-graphs off,on` runs each arm both ways on the same model
+load, the graphed runs as `<arm> + pieces` over stock's graphed run (the same engine features on both sides), and
+adds a table of each arm's time with the pieces over without (the rounds' paired ratios): the pieces' A/B in one
+run; `on,whole` runs each arm both ways, the whole-step runs as `<arm> + whole` over stock's, with a table of each
+arm's time through them over its time through the pieces.
 
     python -m detent_rl.bench --arms stock,tuned --cases poisson,grpo --step-graphs off,on --rounds 3 \
         --commitment bench/tuned/h200_qwen2-0.5b_grpo32x8.json --out runs/pieces

@@ -297,9 +297,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="workload: the engine's slots, requests decoding at once, as a run's rollout.max_num_seqs "
                          "(without --recipe)")
     ap.add_argument("--step-graphs", nargs="?", const="on", default="auto", choices=("auto", "on", "off", "whole"),
-                    help="workload: prefill steps through CUDA graphs, as a run's rollout.step_graphs (auto: whole-step "
-                         "graphs on a CUDA device, the runs' default; on or the flag alone: the pieces; whole) (without "
-                         "--recipe)")
+                    help="workload: prefill steps through CUDA graphs, as a run's rollout.step_graphs (auto: "
+                         "whole-step graphs on a CUDA device, the runs' default; on or the flag alone: the pieces; "
+                         "whole) (without --recipe)")
     ap.add_argument("--chunk-size", type=int, default=256,
                     help="workload: chunked-prefill tokens a sequence a step, as a run's rollout.chunk_size (without "
                          "--recipe)")
