@@ -260,7 +260,7 @@ def test_cli_and_its_errors(tmp_path, capsys):
                  *(f"--{k.replace('_', '-')}={v}" for k, v in LIMITS.items()), "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "| attention" in text and "| matmul" not in text and "(family not asked for): " in text
-    assert "step_graphs=False" in text  # --step-graphs auto: whole-step graphs on a CUDA device only, as a run's default
+    assert "step_graphs=False" in text  # --step-graphs auto: whole-step graphs on a CUDA device only (the runs')
     assert main(["--model", str(path), "--dtype", "float32", *shape, "--no-check", "--families", "rmsnorm",
                  "--step-graphs", *(f"--{k.replace('_', '-')}={v}" for k, v in LIMITS.items()),
                  "--out", str(tmp_path / "pieces.json")]) == 0
