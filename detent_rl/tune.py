@@ -357,8 +357,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             model = load_model(path, "detent", commitment=start, **kw)
         except CommitmentError as e:
             ap.error(f"--commitment: {e}")
-        pieces = ("whole" if args.device.startswith("cuda") else False) if args.step_graphs == "auto" else \
-            "whole" if args.step_graphs == "whole" else args.step_graphs == "on"
+        pieces = {"auto": "whole" if args.device.startswith("cuda") else False, "on": True, "off": False,
+                  "whole": "whole"}[args.step_graphs]
         try:
             workload = ServingWorkload(args.requests, arrivals_per_step=args.arrivals_per_step,
                                        max_num_seqs=args.max_num_seqs,
