@@ -11,11 +11,11 @@
 # and at most SECONDS; `{tag}` in CMD's arguments becomes `main` or `rev-REV` (e.g. --out $OUT/{tag}), so that the
 # runs write apart. The command reads the files it names in its own tree (a tuple committed before REV is REV's).
 # Examples: session 45's owed Poisson A/B (the mid-M rule's parent against main), and session 52's owed bisection
-# of the 0.5B batch-1 step between sessions 35 and 46:
+# of the 0.5B batch-1 step (before and after the combine of `8eb95ee`, session 40, session 35):
 #
 #   bash bench/rev_ab.sh a9bd84d 250 -- python3 -P -m detent_rl.bench --arms stock,detent --stock-pdl on \
 #       --rounds 2 --serves 5 --cases poisson --max-num-tokens 8192 --kernels --out "$OUT/{tag}"
-#   bash bench/rev_ab.sh 4b71ffe,0b6a774,8eb95ee,13490c3 90 -- python3 -P -m detent_rl.bench --arms stock,tuned \
+#   bash bench/rev_ab.sh ed3abbe,8eb95ee,0b6a774,4b71ffe 60 -- python3 -P -m detent_rl.bench --arms stock,tuned \
 #       --commitment decode-1=bench/tuned/h200_qwen2-0.5b_decode1.json --max-num-tokens 8192 --stock-pdl on \
 #       --rounds 3 --cases decode-1 --out "/tmp/{tag}"
 set -uo pipefail
