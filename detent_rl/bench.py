@@ -51,7 +51,8 @@ them (`rollout/step_graphs.py`, as vLLM V1 does); `--step-graphs off,on` runs ea
 load, the graphed runs as `<arm> + pieces` over stock's graphed run (the same engine features on both sides), and
 adds a table of each arm's time with the pieces over without (the rounds' paired ratios): the pieces' A/B in one
 run; `on,whole` runs each arm both ways, the whole-step runs as `<arm> + whole` over stock's, with a table of each
-arm's time through them over its time through the pieces.
+arm's time through them over its time through the pieces; `off,whole` the same against no step graphs at all (what the
+default costs or saves a case, decode steps included, in one process).
 
     python -m detent_rl.bench --arms stock,tuned --cases poisson,grpo --step-graphs off,on --rounds 3 \
         --commitment bench/tuned/h200_qwen2-0.5b_grpo32x8.json --out runs/pieces
@@ -134,7 +135,8 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
     and mixed steps through piecewise graphs (`rollout/step_graphs.py`), as vLLM V1 does; (False, True) runs
     each arm both ways on the same model load, the graphed runs as arm `<arm> + pieces`, each against its own
     kind of stock run (`bench_report.baseline`); "whole": through whole-step graphs (`rollout/full_steps.py`),
-    and (True, "whole") runs each arm through the pieces and as `<arm> + whole`. `gated_mlp`: whether the runs
+    and (True, "whole") runs each arm through the pieces and as `<arm> + whole`, (False, "whole") without step
+    graphs and as `<arm> + whole`. `gated_mlp`: whether the runs
     set DETENT_GATED_MLP=1 (the pinned arms' SiLU-and-mul in the gate/up projection's epilogue,
     `kernels/matmul_gated.py`); (False, True) runs the pinned arms both ways too, as `<arm> + gated` (over the
     plain stock run: stock never takes it). The gemm case runs once, plain. DETENT_PDL and DETENT_GATED_MLP are
@@ -153,7 +155,8 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
     names = [n for arm in arms for p, g in variants if (n := name_of(arm, p, g)) is not None]
     results: dict[str, Any] = {"cases": {c: {} for c in cases}, "arms": names, "stock_runs": {},
                                "step_graphs": step_graphs[0] if not both_p else
-                               "both" if step_graphs == (False, True) else "pieces,whole",
+                               "both" if step_graphs == (False, True) else
+                               "off,whole" if step_graphs == (False, "whole") else "pieces,whole",
                                "gated_mlp": gated_mlp[0] if not both_g else "both"}
     saved = {k: os.environ.get(k) for k in ("DETENT_PDL", "DETENT_GATED_MLP")}
     arrivals = None if poisson_rate is None else poisson_arrivals(shapes.poisson_requests, poisson_rate)
@@ -301,13 +304,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="run the arms this many times in turn, each round loading them afresh; a ratio is then "
                          "the median of the rounds' paired ratios (gemm runs in the first round only)")
-    ap.add_argument("--step-graphs", default="auto", choices=("auto", "on", "off", "whole", "off,on", "on,whole"),
-                    metavar="{auto,on,off,whole,'off,on','on,whole'}",
+    ap.add_argument("--step-graphs", default="auto", choices=("auto", "on", "off", "whole", "off,on", "on,whole",
+                                                                 "off,whole"),
+                    metavar="{auto,on,off,whole,'off,on','on,whole','off,whole'}",
                     help="every arm runs its prefill and mixed steps through whole-step CUDA graphs, attention "
                          "inside (whole, rollout/full_steps.py; auto: whole on a CUDA device, as a run's "
                          "rollout.step_graphs) or piecewise graphs (on, rollout/step_graphs.py); off,on: each arm "
                          "both ways in the same run, the graphed runs as '<arm> + pieces' against stock's graphed "
-                         "run; on,whole: each arm through the pieces and through whole-step graphs ('<arm> + whole')")
+                         "run; on,whole: each arm through the pieces and through whole-step graphs ('<arm> + whole'); "
+                         "off,whole: without step graphs and through whole-step graphs")
     ap.add_argument("--gated-mlp", default="off", choices=("on", "off", "off,on"), metavar="{on,off,'off,on'}",
                     help="the pinned arms run SiLU-and-mul in the gate/up projection's epilogue (DETENT_GATED_MLP=1, "
                          "kernels/matmul_gated.py); off,on: both ways in the same run, as '<arm> + gated'")

@@ -129,7 +129,9 @@ def render(results: dict) -> str:
               "whole": "; prefill and mixed steps through whole-step graphs (attention inside), every arm",
               "both": "; each arm also through piecewise step graphs ('+ pieces', over stock's graphed run)",
               "pieces,whole": "; prefill and mixed steps through piecewise graphs, each arm also through whole-step "
-                              "graphs ('+ whole', over stock's)"}.get(results.get("step_graphs"), "")
+                              "graphs ('+ whole', over stock's)",
+              "off,whole": "; prefill and mixed steps without step graphs, each arm also through whole-step graphs "
+                           "('+ whole', over stock's)"}.get(results.get("step_graphs"), "")
            + ("; the gated MLP epilogue on (DETENT_GATED_MLP=1)" if results.get("gated_mlp") is True
               else "; the pinned arms also with the gated MLP epilogue ('+ gated', over stock's run)"
               if results.get("gated_mlp") == "both" else "")

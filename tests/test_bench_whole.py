@@ -44,6 +44,23 @@ def test_pieces_and_whole_steps_in_one_run_pair_each_arm_with_its_own_kind_of_st
     assert f"| grpo | detent | {sum(effect) / 2:.2f}x (" in table
 
 
+def test_no_step_graphs_and_whole_steps_in_one_run(tmp_path):
+    """`off,whole`: each arm without step graphs and through whole-step graphs in one process (the default's cost
+    or gain on a case, its decode steps included), each against its own kind of stock run."""
+    assert main(QUICK[:-6] + ["--cases", "decode-1,grpo", "--arms", "stock,detent", "--stock-pdl", "on",
+                              "--step-graphs", "off,whole", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    arms = ["stock", "stock + whole", "detent", "detent + whole"]
+    assert data["step_graphs"] == "off,whole" and data["arms"] == arms
+    grpo = data["cases"]["grpo"]
+    assert all(grpo[a].get("piece_steps", 0) == 0 and grpo[a].get("whole_steps", 0) == 0 for a in arms[::2]), grpo
+    assert all(grpo[a]["whole_steps"] > 0 for a in arms[1::2]), grpo
+    assert all(data["cases"]["decode-1"][a]["ms_per_step"] > 0 for a in arms)
+    table = (tmp_path / "bench.md").read_text()
+    assert "without step graphs, each arm also through whole-step graphs ('+ whole'" in table
+    assert "| decode-1 | detent + whole |" in table and "Time through whole-step graphs over without" in table
+
+
 def test_the_recipe_switch_whole_gives_the_engine_whole_step_graphs(tmp_path):
     from detent_rl.config import parse_recipe
     from detent_rl.recipe_schema import RecipeError
