@@ -155,8 +155,8 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
     names = [n for arm in arms for p, g in variants if (n := name_of(arm, p, g)) is not None]
     results: dict[str, Any] = {"cases": {c: {} for c in cases}, "arms": names, "stock_runs": {},
                                "step_graphs": step_graphs[0] if not both_p else
-                               "both" if step_graphs == (False, True) else
-                               "off,whole" if step_graphs == (False, "whole") else "pieces,whole",
+                               {(False, True): "both", (False, "whole"): "off,whole",
+                                (True, "whole"): "pieces,whole"}[step_graphs],
                                "gated_mlp": gated_mlp[0] if not both_g else "both"}
     saved = {k: os.environ.get(k) for k in ("DETENT_PDL", "DETENT_GATED_MLP")}
     arrivals = None if poisson_rate is None else poisson_arrivals(shapes.poisson_requests, poisson_rate)
