@@ -162,7 +162,7 @@ def _attention_launcher(model: CausalLM, args: tuple, rand: Callable) -> Callabl
         meta = attn_meta(q_lens, cached, table, *model.attention_tiling(s))
         return lambda: paged_attention(q, k_cache, v_cache, meta, scale=c.head_dim ** -0.5, block_n=s.block_n,
                                        split_size=s.split_size, num_splits=s.num_splits, num_warps=s.num_warps,
-                                       num_stages=s.num_stages, prefetch=s.kv_prefetch)
+                                       num_stages=s.num_stages, prefetch=s.kv_prefetch, fixed_split=True)
     return make
 
 

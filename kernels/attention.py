@@ -113,7 +113,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_
                       stride_kh, stride_bt, stride_mt, stride_mh, stride_ot, stride_oh, stride_os, stride_outt,
                       stride_outh, stride_lh, split_len,
                       GROUP: tl.constexpr, PACK: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                       IEEE: tl.constexpr, UPCAST: tl.constexpr, PREFETCH: tl.constexpr, DIRECT: tl.constexpr,
                       LSE: tl.constexpr, TREE_SUM: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
@@ -137,9 +137,12 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_
         row_ok = (rows < q_end) & (r < BLOCK_M // PACK * PACK)
     row_pos = pos0 + rows - q_begin
     last_pos = pos0 + tl.minimum(q0 + BLOCK_M // PACK, q_end) - 1 - q_begin
-    lo = split * split_len
+    span = split_len
+    if SPLIT > 0:  # a pinned selection's one split size, compiled in (`paged_attention(fixed_split=)`)
+        span = SPLIT
+    lo = split * span
     if lo <= last_pos:
-        hi = tl.minimum(lo + split_len, last_pos + 1)
+        hi = tl.minimum(lo + span, last_pos + 1)
         d = tl.arange(0, HEAD_DIM)
         q = tl.load(q_ptr + rows[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                     mask=row_ok[:, None], other=0.0)
@@ -224,7 +227,7 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta, *,
                     scale: float, block_n: int, split_size: int, num_splits: int, num_warps: int = 4,
                     num_stages: int = 2, prefetch: bool = False, lse: torch.Tensor | None = None,
-                    combine: bool | None = None, tree_sum: bool = False,
+                    combine: bool | None = None, tree_sum: bool = False, fixed_split: bool = False,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] over the paged caches (which already hold the step's keys).
     `lse` (fp32 [H, T], GPU only) receives each row's log-sum-exp of its scaled scores, from the same
@@ -240,6 +243,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     kernel by more than it saved (H200, Qwen2-0.5B heads, batch-256 decode: 29.2 against 20.4 µs a
     layer; docs/BENCHMARKS.md), so those keep the combine. `combine` forces one path (True: the
     combine kernel; False: the kernel's own epilogue), for the tests that compare their bits.
+
+    `fixed_split`: `split_size` is the caller's one split size for every call (a pinned selection's), so the
+    kernels take it compiled in (a constexpr: one variant; the split's bounds and the combine's split count by
+    shifts). False passes it at run time, for a selection whose size follows the batch (the stock arm's split
+    heuristic), which would otherwise compile a variant per size inside an online serve. The same split
+    boundaries either way, so the same arithmetic (tests compare both).
 
     A row's softmax sum is taken on the tensor cores, as a dot of the block's weights with a column of
     ones: an MMA sums each output element over k in the order the instruction fixes, whatever the tile's
@@ -261,7 +270,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     plan = None
     if q.is_cuda and lse is None and q.numel() and not interpreting():  # a recorded call shape: checked (its key)
         plan = plan_for(q, k_cache, v_cache, meta, out, (scale, block_n, split_size, num_splits, num_warps,
-                                                         num_stages, prefetch, tree_sum, opts["PDL"], direct))
+                                                         num_stages, prefetch, tree_sum, opts["PDL"], fixed_split,
+                                                         direct))
     if plan is None or not plan.ready:
         _check(q, k_cache, v_cache, meta, block_n, split_size)
     T, H, D = q.shape
@@ -284,7 +294,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                 shared[H, D, num_splits, q.device] = (m, lsum, o)
     tensors = dict(q=q, k=k_cache, v=v_cache, bt=meta.block_table, cu=meta.cu_q, pos0=meta.pos0, tr=meta.tile_req,
                    tq=meta.tile_q0, m=m, l=lsum, o=o, out=out, tp=meta.token_pos)
-    if plan is not None and plan.ready and plan.replay(tensors, split_size):
+    if plan is not None and plan.ready and plan.replay(tensors, split_size, fixed_split):
         return out
     grid = (meta.tile_req.shape[0], H if meta.pack == 1 else k_cache.shape[2], num_splits)
     args = (q, k_cache, v_cache, meta.block_table, meta.cu_q, meta.pos0, meta.tile_req, meta.tile_q0, m, lsum, o,
@@ -293,14 +303,15 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             o.stride(1), o.stride(2), out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
             split_size)
     kwargs = dict(GROUP=H // k_cache.shape[2], PACK=meta.pack, PAGE=k_cache.shape[1], HEAD_DIM=D, BLOCK_M=meta.block_m,
-                  BLOCK_N=block_n, IEEE=q.dtype == torch.float32, UPCAST=interpreting() and q.dtype != torch.float32,
-                  PREFETCH=prefetch, DIRECT=direct, LSE=lse is not None, TREE_SUM=tree_sum, num_warps=num_warps,
-                  num_stages=num_stages)
+                  BLOCK_N=block_n, SPLIT=split_size if fixed_split else 0, IEEE=q.dtype == torch.float32,
+                  UPCAST=interpreting() and q.dtype != torch.float32, PREFETCH=prefetch, DIRECT=direct,
+                  LSE=lse is not None, TREE_SUM=tree_sum, num_warps=num_warps, num_stages=num_stages)
     launch(_attention_kernel, grid, *args, **kwargs, **pdl(q))
     if not direct:
-        combine_kv_splits(m, lsum, o, out, meta.token_pos, lse, split_size)
+        combine_kv_splits(m, lsum, o, out, meta.token_pos, lse, split_size, fixed_split)
     if plan is not None:  # the two launches just made
-        call = None if direct else combine_call(m, lsum, o, out, meta.token_pos, lse, split_size)
+        call = None if direct else combine_call(m, lsum, o, out, meta.token_pos, lse, split_size,
+                                                       fixed_split)
         plan.record((_attention_kernel, grid, args, dict(kwargs, **opts)), call, tensors)
     return out
 

@@ -14,7 +14,7 @@ from detent_rl.kernels.launch import launch
 @triton.jit
 def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, pos_ptr, lse_ptr, stride_mt, stride_mh, stride_ot, stride_oh,
                     stride_os, stride_outt, stride_outh, stride_lh, split_len, HEAD_DIM: tl.constexpr,
-                    UNROLL: tl.constexpr, LSE: tl.constexpr, PDL: tl.constexpr):
+                    UNROLL: tl.constexpr, LSE: tl.constexpr, PDL: tl.constexpr, SPLIT: tl.constexpr = 0):
     """Splits j = 0, 1, ... of one (row, head) folded in order. Each trip issues UNROLL splits' loads
     before their arithmetic (a split's loads no longer wait on the previous split's sums); the sums
     still add split j after split j - 1, the same operations as the plain loop (`tests/combine_cases.py`
@@ -23,7 +23,10 @@ def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, pos_ptr, lse_ptr, stride_mt, s
     pdl_enter(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
-    n = tl.load(pos_ptr + t) // split_len + 1
+    span = split_len
+    if SPLIT > 0:  # a pinned split size, compiled in (as the attention kernel's)
+        span = SPLIT
+    n = tl.load(pos_ptr + t) // span + 1
     d = tl.arange(0, HEAD_DIM)
     ks = tl.arange(0, UNROLL)
     base = t * stride_mt + h * stride_mh
@@ -48,14 +51,18 @@ def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, pos_ptr, lse_ptr, stride_mt, s
 @triton.jit
 def _combine_heads_kernel(m_ptr, l_ptr, o_ptr, out_ptr, pos_ptr, lse_ptr, stride_mt, stride_mh, stride_ot, stride_oh,
                           stride_os, stride_outt, stride_outh, stride_lh, split_len, HEADS, HEAD_DIM: tl.constexpr,
-                          HEADS_P2: tl.constexpr, UNROLL: tl.constexpr, LSE: tl.constexpr, PDL: tl.constexpr):
+                          HEADS_P2: tl.constexpr, UNROLL: tl.constexpr, LSE: tl.constexpr, PDL: tl.constexpr,
+                          SPLIT: tl.constexpr = 0):
     """`_combine_kernel` for every head of one row in one program (heads padded to HEADS_P2, the pad masked):
     each (head, value) element takes the same operations in the same order as there, split after split, so
     the same bits; a prefill of T rows launches T programs instead of T x heads one-warp programs, each of
     which waits on its own chain of loads (the maxima, then the sums)."""
     pdl_enter(PDL)
     t = tl.program_id(0)
-    n = tl.load(pos_ptr + t) // split_len + 1
+    span = split_len
+    if SPLIT > 0:  # a pinned split size, compiled in (as the attention kernel's)
+        span = SPLIT
+    n = tl.load(pos_ptr + t) // span + 1
     d = tl.arange(0, HEAD_DIM)
     h = tl.arange(0, HEADS_P2)
     live_h = h < HEADS
@@ -98,22 +105,25 @@ COMBINE_HEADS_FROM = 256
 
 
 def _combine_parts(m: torch.Tensor, lsum: torch.Tensor, o: torch.Tensor, out: torch.Tensor, token_pos: torch.Tensor,
-                   lse: torch.Tensor | None, split_size: int) -> tuple[bool, tuple, tuple, dict]:
-    """(by row, grid, arguments, constexprs) of the combine: one program a row from `COMBINE_HEADS_FROM` rows."""
+                   lse: torch.Tensor | None, split_size: int, fixed: bool) -> tuple[bool, tuple, tuple, dict]:
+    """(by row, grid, arguments, constexprs) of the combine: one program a row from `COMBINE_HEADS_FROM` rows.
+    `fixed`: the split size compiled in (`paged_attention(fixed_split=)`)."""
     T, H, D = out.shape
+    split = split_size if fixed else 0
     args = (m, lsum, o, out, token_pos, lse if lse is not None else m, m.stride(0), m.stride(1), o.stride(0),
             o.stride(1), o.stride(2), out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0, split_size)
     if T >= COMBINE_HEADS_FROM:
         return True, (T,), (*args, H), dict(HEAD_DIM=D, HEADS_P2=triton.next_power_of_2(H), UNROLL=COMBINE_HEADS_UNROLL,
-                                            LSE=lse is not None, num_warps=COMBINE_HEADS_WARPS)
-    return False, (T, H), args, dict(HEAD_DIM=D, UNROLL=COMBINE_UNROLL, LSE=lse is not None, num_warps=COMBINE_WARPS)
+                                            LSE=lse is not None, SPLIT=split, num_warps=COMBINE_HEADS_WARPS)
+    return False, (T, H), args, dict(HEAD_DIM=D, UNROLL=COMBINE_UNROLL, LSE=lse is not None, SPLIT=split,
+                                     num_warps=COMBINE_WARPS)
 
 
 def combine_kv_splits(m: torch.Tensor, lsum: torch.Tensor, o: torch.Tensor, out: torch.Tensor,
-                      token_pos: torch.Tensor, lse: torch.Tensor | None, split_size: int) -> None:
+                      token_pos: torch.Tensor, lse: torch.Tensor | None, split_size: int, fixed: bool = False) -> None:
     """Fold the partials m, lsum [T, H, splits] and o [T, H, splits, D] of rows at positions `token_pos` into
-    `out` [T, H, D] (and `lse` [H, T], when given)."""
-    by_row, grid, args, consts = _combine_parts(m, lsum, o, out, token_pos, lse, split_size)
+    `out` [T, H, D] (and `lse` [H, T], when given). `fixed`: `split_size` compiled in (a pinned selection's)."""
+    by_row, grid, args, consts = _combine_parts(m, lsum, o, out, token_pos, lse, split_size, fixed)
     if by_row:
         launch(_combine_heads_kernel, grid, *args, **consts, **pdl(out))
     else:
@@ -121,7 +131,7 @@ def combine_kv_splits(m: torch.Tensor, lsum: torch.Tensor, o: torch.Tensor, out:
 
 
 def combine_call(m: torch.Tensor, lsum: torch.Tensor, o: torch.Tensor, out: torch.Tensor, token_pos: torch.Tensor,
-                 lse: torch.Tensor | None, split_size: int) -> tuple:
+                 lse: torch.Tensor | None, split_size: int, fixed: bool = False) -> tuple:
     """(kernel, grid, args, kwargs) of the launch `combine_kv_splits` makes for these arguments (to record it)."""
-    by_row, grid, args, consts = _combine_parts(m, lsum, o, out, token_pos, lse, split_size)
+    by_row, grid, args, consts = _combine_parts(m, lsum, o, out, token_pos, lse, split_size, fixed)
     return _combine_heads_kernel if by_row else _combine_kernel, grid, args, dict(consts, **pdl(out))

@@ -48,12 +48,13 @@ class _Plan:
             self.combine = Recorded.of(combine[0], combine[1], combine[2], combine[3], roles)
         self.ready = bool(self.attn) and (self.direct or bool(self.combine))
 
-    def replay(self, tensors: dict, split_size: int) -> bool:
+    def replay(self, tensors: dict, split_size: int, fixed: bool = False) -> bool:
         """Launch the call for `tensors`; False (nothing launched) where the plain path must run."""
         if not self.attn(tensors):
             return False
         if not self.direct and not self.combine(tensors):  # (a launch hook added between the two)
-            combine_kv_splits(tensors["m"], tensors["l"], tensors["o"], tensors["out"], tensors["tp"], None, split_size)
+            combine_kv_splits(tensors["m"], tensors["l"], tensors["o"], tensors["out"], tensors["tp"], None, split_size,
+                              fixed)
         return True
 
 

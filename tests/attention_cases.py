@@ -51,6 +51,7 @@ class Requests:
         self.combine: bool | None = None  # one split: None as paged_attention decides; True/False forced
         self.lse: torch.Tensor | None = None
         self.tree_sum = False  # the kernel's former row sum (`tl.sum`): the query-tile tests' control
+        self.fixed_split = False  # the split size compiled in, as the pinned arms run it (a schedule)
 
     def step(self, spans: list[tuple[int, int, int]], sel) -> list[torch.Tensor]:
         """One engine step: spans of (request, first position, count); returns each span's rows."""
@@ -67,7 +68,7 @@ class Requests:
         out = paged_attention(q, self.k_cache, self.v_cache, meta, scale=self.scale, block_n=cfg.block_n,
                               split_size=cfg.split_size, num_splits=cfg.num_splits, num_warps=cfg.num_warps,
                               num_stages=2, prefetch=self.prefetch, lse=self.lse, combine=self.combine,
-                              tree_sum=self.tree_sum)
+                              tree_sum=self.tree_sum, fixed_split=self.fixed_split)
         rows, at = [], 0
         for _, _, n in spans:
             rows.append(out[at:at + n])

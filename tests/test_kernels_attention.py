@@ -128,6 +128,35 @@ print("prefetch ok")
     assert proc.returncode == 0 and "prefetch ok" in proc.stdout, proc.stderr[-3000:]
 
 
+def test_fixed_split_reads_the_same_splits_interpreted():
+    """The split size compiled in (`fixed_split`, as the pinned arms run) cuts the same splits as the run-time
+    argument: under the interpreter every row and log-sum-exp of prefill, chunked prefill and decode is equal
+    (the combine's split count too: these rows span two and more splits). Control: a narrower KV tile differs."""
+    from interpreted import run_interpreted
+    proc = run_interpreted("""
+import torch
+from attention_cases import FACTS, Requests, selections
+facts = {**FACTS, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16}
+_, detent = selections(facts)
+small = lambda *a: detent(*a)._replace(block_m=16, block_n=16, split_size=32, num_splits=16, num_stages=1)
+narrow = lambda *a: small(*a)._replace(block_n=8)
+reqs = Requests([70, 5], facts, torch.float32, "cpu", seed=3)
+reqs.keep_lse = True
+outs = {}
+for fixed in (False, True):
+    reqs.fixed_split = fixed
+    outs[fixed] = []
+    for spans in ([(0, 0, 70), (1, 0, 5)], [(0, 40, 30)], [(0, 69, 1), (1, 4, 1)]):
+        outs[fixed] += [*reqs.step(spans, small), reqs.lse]
+for x, y in zip(outs[False], outs[True]):
+    assert torch.equal(x, y), (x - y).abs().max()
+control = reqs.step([(0, 0, 70), (1, 0, 5)], narrow)[0]
+assert not torch.equal(control, outs[True][0]), "control: another KV tile must change the bits"
+print("fixed split ok")
+""")
+    assert proc.returncode == 0 and "fixed split ok" in proc.stdout, proc.stderr[-3000:]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_query_tile_is_a_schedule_on_the_cpu(dtype):
     """The CPU path cuts every selection's tiles into CPU_ROWS queries (CPU matmuls read M): every scenario's

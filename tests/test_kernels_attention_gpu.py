@@ -86,6 +86,31 @@ def test_prefetch_keeps_bits(facts, dtype):
 
 
 @pytest.mark.parametrize("facts", [QWEN2_05B, LLAMA_8B], ids=["qwen2-0.5b", "llama-8b"])
+@pytest.mark.parametrize("split_size", [256, 1024])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fixed_split_keeps_bits(facts, split_size, dtype):
+    """The split size compiled in (`paged_attention(fixed_split=True)`, how the pinned arms run) is a schedule:
+    every scenario's rows and log-sum-exps equal those of the run-time split size's one-shot prefill, bit for
+    bit. Control: a change of KV tile (block_n 32) is seen by the same comparison."""
+    _, detent = selections(facts, split_size=split_size)
+    reqs = Requests([2100, 700, 9, 1300, 64], facts, dtype, "cuda", seed=3)
+    ref = scenario_outputs(reqs, 0, detent, seed=4)["prefill"]
+    reqs.fixed_split = True
+    fixed = scenario_outputs(reqs, 0, detent, seed=4)
+    assert mismatches({"prefill": ref, **{f"fixed {k}": v for k, v in fixed.items()}}) == []
+    reqs.keep_lse = True
+    lse = {}
+    for fixed_split in (False, True):
+        reqs.fixed_split = fixed_split
+        reqs.step([(0, 0, 2100), (2, 0, 9)], detent)
+        lse[fixed_split] = reqs.lse
+    assert torch.equal(lse[False], lse[True]), "the log-sum-exps of the two split arguments differ"
+    narrow = lambda *a: detent(*a)._replace(block_n=32)  # noqa: E731
+    control = scenario_outputs(reqs, 0, narrow, seed=4)["prefill"]
+    assert not torch.equal(control, ref), "control: another KV tile must change the bits"
+
+
+@pytest.mark.parametrize("facts", [QWEN2_05B, LLAMA_8B], ids=["qwen2-0.5b", "llama-8b"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_one_split_writes_the_combines_bits(facts, dtype):
     """With one split the attention kernel can write its rows and log-sum-exp itself: every scenario's

@@ -52,18 +52,20 @@ def test_the_fold_probe_compiles_for_sm90_without_spilling():
 
 def test_the_split_combines_compile_for_sm90_without_spilling():
     """Both attention combines (`kernels/attention_combine.py`: a program a (row, head), a program a row) with the
-    log-sum-exp and PDL, at the 0.5B's 14 heads (padded to 16) and the 8B's 32."""
+    log-sum-exp and PDL, at the 0.5B's 14 heads (padded to 16) and the 8B's 32; the split size at run time (the
+    stock arm's) and compiled in (the pinned arms', `fixed_split`)."""
     compile_ = load("sm90_compile")
     from detent_rl.kernels.attention_combine import COMBINE_HEADS_UNROLL, COMBINE_HEADS_WARPS, COMBINE_UNROLL, \
         COMBINE_WARPS, _combine_heads_kernel, _combine_kernel
     args = dict(m_ptr="*fp32", l_ptr="*fp32", o_ptr="*fp32", out_ptr="*bf16", pos_ptr="*i32", lse_ptr="*fp32",
                 stride_mt="i32", stride_mh="i32", stride_ot="i32", stride_oh="i32", stride_os="i32:16",
                 stride_outt="i32:16", stride_outh="i32:16", stride_lh="i32", split_len="i32:16")
-    consts = dict(HEAD_DIM=64, UNROLL=COMBINE_UNROLL, LSE=True, PDL=True)
-    registers, spill, _ = compile_.resources(_combine_kernel, args, consts, COMBINE_WARPS, 1)
-    assert spill == 0 and registers <= 255, (registers, spill)
-    for heads in (16, 32):
-        registers, spill, _ = compile_.resources(_combine_heads_kernel, {**args, "HEADS": "i32"},
-                                                 {**consts, "HEADS_P2": heads, "UNROLL": COMBINE_HEADS_UNROLL},
-                                                 COMBINE_HEADS_WARPS, 1)
-        assert spill == 0 and registers <= 255, (heads, registers, spill)
+    for split in (0, 512):
+        consts = dict(HEAD_DIM=64, UNROLL=COMBINE_UNROLL, LSE=True, PDL=True, SPLIT=split)
+        registers, spill, _ = compile_.resources(_combine_kernel, args, consts, COMBINE_WARPS, 1)
+        assert spill == 0 and registers <= 255, (split, registers, spill)
+        for heads in (16, 32):
+            registers, spill, _ = compile_.resources(_combine_heads_kernel, {**args, "HEADS": "i32"},
+                                                     {**consts, "HEADS_P2": heads, "UNROLL": COMBINE_HEADS_UNROLL},
+                                                     COMBINE_HEADS_WARPS, 1)
+            assert spill == 0 and registers <= 255, (split, heads, registers, spill)

@@ -304,5 +304,5 @@ class Attention(nn.Module):
         out = attention_autograd(q, k, v, k_cache, v_cache, ctx.slots, ctx.meta, scale=self.scale,
                                  block_n=s.block_n, split_size=s.split_size, num_splits=s.num_splits,
                                  num_warps=s.num_warps, num_stages=s.num_stages, prefetch=s.kv_prefetch,
-                                 tree_sum=self._stock and s.block_n == 128, out=out)
+                                 tree_sum=self._stock and s.block_n == 128, fixed_split=not self._stock, out=out)
         return out.reshape(tokens, self.q_size)
