@@ -248,7 +248,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     kernels take it compiled in (a constexpr: one variant; the split's bounds and the combine's split count by
     shifts). False passes it at run time, for a selection whose size follows the batch (the stock arm's split
     heuristic), which would otherwise compile a variant per size inside an online serve. The same split
-    boundaries either way, so the same arithmetic (tests compare both).
+    boundaries either way, so the same arithmetic (tests compare both). The run-time size cost the pinned 0.5B
+    batch-1 decode step 10-12 µs on an H100 (docs/BENCHMARKS.md, session 53's bisection).
 
     A row's softmax sum is taken on the tensor cores, as a dot of the block's weights with a column of
     ones: an MMA sums each output element over k in the order the instruction fixes, whatever the tile's
