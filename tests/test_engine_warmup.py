@@ -77,12 +77,14 @@ def test_warmup_runs_one_step_per_class(tmp_path):
         two = [(q, c) for q, c in warmup_mod.candidate_steps(64, 16, 255, 32) if q == [2] and any(c)]
         sizes = {engine.model.select_attention(1, 2, 2, c[0] + 2).split_size for _, c in two}
         lengths[arm] = len(sizes), len({plan.key(q, c, 4) for q, c in two})
+        # a pinned arm compiles its one split size in (a constexpr: in the key), the stock arm passes it at run time
+        assert {plan.key(q, c, 4)[0][-1] for q, c in two} == (sizes if arm == "detent" else {None})
         # a chunk beside every count of decode rows, at every swept length (the stock split count reads the rows)
         mixed = {(len(q), c[0] + q[0]) for q, c in warmup_mod.candidate_steps(64, 16, 255, 32)
                  if len(q) > 1 and q[1:] == [1] * (len(q) - 1) and any(c)}
         assert mixed == {(rows, length) for rows in range(2, 17) for length in range(64, 256, 64)}
     # the stock arm's attention selection reads the context length (its split size), the pinned one's does not; a
-    # split size is a runtime argument of the kernels, so it makes no class of its own
+    # split size is a runtime argument of the stock arm's kernels, so it makes no class of its own
     assert lengths["detent"] == (1, 1) and lengths["stock"][0] > 1 and lengths["stock"][1] < lengths["stock"][0]
 
 
