@@ -18,9 +18,10 @@ step budget and the context lengths up to the deployment's in 64-position steps,
 each class, and a chunk beside every count of decode rows at each length; only a class not met before runs.
 With pinned selections that is a few dozen steps. The stock arm's split count reads the sequences, the longest
 query and the context length (FlashAttention's heuristic); the split size and count are runtime arguments of
-our kernels (the size was a constexpr until session 36: the 1.5B's stock serve then compiled 3-6 variants of
-the attention and its combine inside the timed Poisson run, 0.8-1.1 s stalls), so a class is the count's
-specialisation, not its value.
+its kernels (the size was a constexpr for every arm until session 36: the 1.5B's stock serve then compiled 3-6
+variants of the attention and its combine inside the timed Poisson run, 0.8-1.1 s stalls), so a class is the
+count's specialisation, not its value. A pinned arm's one split size is compiled in (`fixed_split`, session 54:
+11-13 µs a batch-1 step), so it is part of the class, one value a deployment.
 
 The synthetic steps write keys into the cache's pages, which no request has yet (warm-up needs an idle
 engine and flushes the prefix cache after): a request's pages are written by that request before it reads
