@@ -220,6 +220,12 @@ class KernelSelections:
         self._solutions: dict[str, Solution] = {}
         self._resolved: dict[str, SiteCommitment] = {}  # site key -> the pins and knobs it runs with
 
+    @property
+    def pinned(self) -> bool:
+        """Whether the selectors are pinned (det, detent): one value of each pinned knob for every call of the
+        deployment. The stock and corun arms read the batch (corun's invariance comes from fixed shapes)."""
+        return self.arm not in ("stock", "corun")
+
     def get(self, family: str, **site: Any) -> Selector:
         """The site's selector (built on first request, then the same object)."""
         key = site_key(family, site)
@@ -272,7 +278,7 @@ class KernelSelections:
         run (`.save(path)`, `.sha256()`), and loading it into the detent arm runs the same kernels.
         The det arm's is det's assignment (loaded into detent, it runs det's kernels). The stock arm
         pins nothing and has no tuple: CommitmentError."""
-        if self.arm in ("stock", "corun"):
+        if not self.pinned:
             raise CommitmentError(f"the {self.arm} arm pins nothing (its selectors read the batch), so it has no "
                                   "commitment tuple; check `selections.arm` before asking for one")
         return CommitmentTuple(dict(self._resolved), asdict(self.deployment))
@@ -291,7 +297,7 @@ class KernelSelections:
 
     def _build(self, family: str, site: dict, key: str) -> Selector:
         sol = self.solution(family, **site)
-        if self.arm in ("stock", "corun"):  # corun: the stock selection, made invariant by fixed shapes
+        if not self.pinned:  # corun: the stock selection, made invariant by fixed shapes
             return sol.stock()
         if self.arm == "det":
             facts = self.deployment.facts(family, site)

@@ -75,7 +75,7 @@ class DecodeGraphs:
         self.sizes = [max_batch] if fixed else capture_sizes(max_batch)
         self.max_batch = self.sizes[-1]
         self.capture = capture
-        if model.selections.arm in ("detent", "det"):
+        if model.selections.pinned:
             for b in self.sizes:  # refuse before anything is captured, naming what reads the batch
                 self._check_pinned(b)
         dev, B = model.device, self.max_batch

@@ -90,7 +90,7 @@ class FullStepGraphs(StepGraphs):
         longest = max(s.cached + len(s.tokens) for s in spans)
         if longest > self.max_pages * self.model.page_size:
             return False  # (a table may be wider than its keys: only the pages they fill are staged)
-        if self.model.selections.arm in ("stock", "corun"):
+        if not self.model.selections.pinned:
             return True  # the capture's selection, as a stock engine's full graphs
         own = self.model.select_attention(len(spans), max(len(s.tokens) for s in spans), n, longest)
         graph = self.selection(self.size_for(n))

@@ -70,7 +70,7 @@ class _Plan:
         self.heads = model.num_heads  # this rank's query heads: the attention partials' row stride is heads x splits
         # a pinned arm's attention takes its one split size compiled in (`paged_attention(fixed_split=)`), the stock
         # and CoRun arms' at run time (`layers.Attention`)
-        self.fixed_split = model.selections.arm not in ("stock", "corun")
+        self.fixed_split = model.selections.pinned
         self.seen: set = set()
 
     def key(self, q_lens: list[int], cached: list[int], width: int) -> tuple:

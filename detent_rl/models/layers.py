@@ -77,7 +77,7 @@ class Linear(nn.Module):
                 shard(self.bias, tp, 0)
             self._reduce = selections.get("allreduce")
         self._select = selections.get("matmul", n=out_features, k=in_features)
-        self._stock = selections.arm in ("stock", "corun")
+        self._stock = not selections.pinned
         if parallel == "row" and tp.invariant:
             if self._stock:
                 raise ValueError("TP-invariant row-parallel sums need the pinned linear (the stock arm's is cuBLAS)")
@@ -259,7 +259,7 @@ class Attention(nn.Module):
         # tiles (its 16 x 128 decode tile: 20.0 against 22.3 µs at batch 256, 44.6 against 52.4 at 2 x 12,000),
         # the dot in 64-key ones (its 64 x 64 prefill tile: equal or faster everywhere measured;
         # docs/BENCHMARKS.md, session 27). A stock engine's attention (FlashAttention's) sums in a tree too.
-        self._stock = selections.arm in ("stock", "corun")
+        self._stock = not selections.pinned
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return self.o_proj(self.attend(*self.project(positions, x)))
