@@ -68,9 +68,6 @@ class _Plan:
         self.logprobs = engine._select_logprobs
         self.steps = engine.steps  # piecewise graphs: the linears run at the padded token count
         self.heads = model.num_heads  # this rank's query heads: the attention partials' row stride is heads x splits
-        # a pinned arm's attention takes its one split size compiled in (`paged_attention(fixed_split=)`), the stock
-        # and CoRun arms' at run time (`layers.Attention`)
-        self.fixed_split = model.selections.pinned
         self.seen: set = set()
 
     def key(self, q_lens: list[int], cached: list[int], width: int) -> tuple:
@@ -78,10 +75,12 @@ class _Plan:
         selection = self.model.select_attention(rows, max(q_lens), tokens, max(c + n for c, n in zip(cached, q_lens)))
         # what the attention kernels compile for: the selection's constexprs; the split count is a runtime argument
         # (as the partials' strides, H x splits and splits, which Triton specialises), the split size one too in
-        # the stock arm and a constexpr in a pinned one (where the selection gives one size: a class of its own)
+        # the stock arm and a constexpr in a pinned one (`layers.Attention`: `paged_attention(fixed_split=)`; the
+        # selection gives one size: a class of its own)
         splits = selection.num_splits
+        size = selection.split_size if self.model.selections.pinned else None
         attention = (tuple(v for f, v in selection._asdict().items() if f not in ("num_splits", "split_size")),
-                     _ints(splits), _ints(self.heads * splits), selection.split_size if self.fixed_split else None)
+                     _ints(splits), _ints(self.heads * splits), size)
         padded = self.steps.size_for(tokens) if self.steps is not None and self.steps.fits(tokens) else tokens
         linears = tuple(tuple(launch_params(select(padded)).values()) for select in self.linears.values())
         head = tuple(launch_params(self.head(rows)).values()) if self.head is not None else ()
