@@ -53,6 +53,19 @@ def _tile_offsets(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
 
 
 @triton.jit
+def _program_offsets(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+                     GRID3: tl.constexpr):
+    """This program's rows and columns. GRID3 (GROUP_M 1, the decode tiles' row-major order) reads them off a
+    3-D grid (row tile, chunk, column tile): no integer division by a run-time value on the way to the first
+    load, where `tile_ids` takes two (a latency-bound call waits on them). The same tiles either way, in
+    another launch order: bit-neutral."""
+    if GRID3:
+        return (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M),
+                tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N))
+    return _tile_offsets(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+
+
+@triton.jit
 def _dot_k_blocks(x_ptr, w_ptr, acc, offs_m, offs_n, k_start, num_blocks, M, N, K, stride_xm, stride_xk,
                   stride_wn, stride_wk, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     """`acc` plus the products of `num_blocks` BLOCK_K blocks of K from `k_start`, in block order."""
@@ -77,9 +90,9 @@ def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, num_chunks, st
                    stride_wn, stride_wk, stride_om, stride_on, HAS_BIAS: tl.constexpr, PARALLEL: tl.constexpr,
                    CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_M: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, FLAT: tl.constexpr,
-                   PDL: tl.constexpr):
+                   PDL: tl.constexpr, GRID3: tl.constexpr = False):
     pdl_enter(PDL)
-    offs_m, offs_n = _tile_offsets(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m, offs_n = _program_offsets(M, N, BLOCK_M, BLOCK_N, GROUP_M, GRID3)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # each chunk starts a fresh accumulator
     if PARALLEL:
@@ -112,16 +125,18 @@ def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, num_chunks, st
 @triton.jit
 def _splitk_reduce_kernel(ws_ptr, b_ptr, out_ptr, M, N, stride_ws, stride_om, stride_on,
                           HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """One program a (row, BLOCK columns): row m's partials [splits, rows >= M, N] added in split order. The row
+    and columns come off the grid (no division by the run-time N on the way to the loads)."""
     pdl_enter(PDL)
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < M * N
+    m = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = n < N
+    offs = m * N + n
     acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
     for s in tl.static_range(1, SPLIT_K):  # partials added in split order, always
         acc += tl.load(ws_ptr + s * stride_ws + offs, mask=mask, other=0.0)
-    n = offs % N
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=mask, other=0.0).to(tl.float32)
-    m = offs // N
     tl.store(out_ptr + m * stride_om + n * stride_on, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -192,6 +207,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
 
 
 _MAX_ROUTES = 8192
+GRID_YZ = 65535  # a CUDA grid's second and third axes hold this many programs
 _ROUTES: dict = {}  # a CUDA call's key (`linear`) -> the warpgroup plan (`matmul_wgmma_plan._Plan`) that runs it
 
 
@@ -206,12 +222,14 @@ def _linear_triton(x, w, bias, chunk, parallel, block_m, block_n, block_k, group
     parallel = parallel and chunks > 1  # one chunk: nothing to combine
     ws = torch.empty((chunks, M, N), dtype=torch.float32, device=x.device) if parallel else out
     b = bias if bias is not None else out
-    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-    launch(_matmul_kernel, (tiles, chunks if parallel else 1),
+    m_tiles, n_tiles, units = triton.cdiv(M, block_m), triton.cdiv(N, block_n), chunks if parallel else 1
+    grid3 = group_m == 1 and n_tiles <= GRID_YZ  # (a grid's third axis holds 65,535 column tiles)
+    grid = (m_tiles, units, n_tiles) if grid3 else (m_tiles * n_tiles, units)
+    launch(_matmul_kernel, grid,
         x, w, b, out, ws, M, N, K, chunks, x.stride(0), x.stride(1), w.stride(0), w.stride(1), out.stride(0),
         out.stride(1), HAS_BIAS=bias is not None, PARALLEL=parallel, CHUNK=chunk, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, IEEE=x.dtype == torch.float32,
-        UPCAST=interpreting() and x.dtype != torch.float32, FLAT=flat and not parallel and chunks > 1,
+        UPCAST=interpreting() and x.dtype != torch.float32, FLAT=flat and not parallel and chunks > 1, GRID3=grid3,
         num_warps=num_warps, num_stages=num_stages, **pdl(x))
     if parallel:  # the chunk sums added in chunk order
         combine_splits(ws, bias, out)
@@ -225,8 +243,8 @@ def combine_splits(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tenso
     M, N = out.shape
     splits = ws.shape[0]
     assert ws.shape[1] >= M and ws.shape[2] == N and ws.is_contiguous()
-    block = 1024
-    grid = (triton.cdiv(M * N, block),)
+    block = min(1024, triton.next_power_of_2(N))
+    grid = (M, triton.cdiv(N, block))
     args = (ws, bias if bias is not None else out, out, M, N, ws.stride(0), out.stride(0), out.stride(1))
     meta = dict(HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK=block)
     launch(_splitk_reduce_kernel, grid, *args, **meta, **pdl(out))

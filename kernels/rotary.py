@@ -72,57 +72,57 @@ def rope_cos_sin(config: Any, max_positions: int, device: torch.device | str,
 
 
 @triton.jit
-def _rotate(row, d, valid, pos, cos_ptr, sin_ptr, rot_dim):
-    """One token's values at `row + d` (d: dims of each lane's head), rotated; d >= rot_dim pass through."""
-    half = rot_dim // 2
-    rotated = valid & (d < rot_dim)
+def _rotate(row, d, valid, pos, cos_ptr, sin_ptr, ROT_DIM: tl.constexpr):
+    """One token's values at `row + d` (d: dims of each lane's head), rotated; d >= ROT_DIM pass through."""
+    half = ROT_DIM // 2
+    rotated = valid & (d < ROT_DIM)
     partner = tl.where(d < half, d + half, d - half)
     x = tl.load(row + d, mask=valid, other=0.0)
     dtype = x.dtype
     xp = tl.load(row + partner, mask=rotated, other=0.0).to(tl.float32)
-    c = tl.load(cos_ptr + pos * rot_dim + d, mask=rotated, other=0.0).to(tl.float32)
-    s = tl.load(sin_ptr + pos * rot_dim + d, mask=rotated, other=0.0).to(tl.float32)
+    c = tl.load(cos_ptr + pos * ROT_DIM + d, mask=rotated, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + pos * ROT_DIM + d, mask=rotated, other=0.0).to(tl.float32)
     xr = tl.where(d < half, -xp, xp)  # rotate_half: (-x2, x1); negation is exact in any dtype
     a = (x.to(tl.float32) * c).to(dtype)
     b = (xr * s).to(dtype)
     y = (a.to(tl.float32) + b.to(tl.float32)).to(dtype)
-    return tl.where(d < rot_dim, y, x)
+    return tl.where(d < ROT_DIM, y, x)
 
 
 @triton.jit
-def _rotary_kernel(x_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, tok_stride, head_stride, n_heads, head_dim,
-                   rot_dim, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _rotary_kernel(x_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, tok_stride, head_stride, n_heads,
+                   HEAD_DIM: tl.constexpr, ROT_DIM: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     tok = tl.program_id(0).to(tl.int64)
     idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # flat over (head, dim) of one token
-    valid = idx < n_heads * head_dim
+    valid = idx < n_heads * HEAD_DIM
     pos = tl.load(pos_ptr + tok).to(tl.int64)
-    row = x_ptr + tok * tok_stride + (idx // head_dim) * head_stride
-    y = _rotate(row, idx % head_dim, valid, pos, cos_ptr, sin_ptr, rot_dim)
-    tl.store(out_ptr + tok * n_heads * head_dim + idx, y, mask=valid)
+    row = x_ptr + tok * tok_stride + (idx // HEAD_DIM) * head_stride
+    y = _rotate(row, idx % HEAD_DIM, valid, pos, cos_ptr, sin_ptr, ROT_DIM)
+    tl.store(out_ptr + tok * n_heads * HEAD_DIM + idx, y, mask=valid)
 
 
 @triton.jit
 def _rotary_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, pos_ptr, slot_ptr, cos_ptr,
                          sin_ptr, q_tok_stride, q_head_stride, k_tok_stride, k_head_stride, v_tok_stride,
-                         v_head_stride, n_heads, n_kv_heads, head_dim, rot_dim, q_programs,
-                         BLOCK: tl.constexpr, PDL: tl.constexpr):
+                         v_head_stride, n_heads, n_kv_heads, q_programs, HEAD_DIM: tl.constexpr,
+                         ROT_DIM: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     tok = tl.program_id(0).to(tl.int64)
     pid = tl.program_id(1)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
     if pid < q_programs:  # the token's q heads, rotated into q_out
         idx = pid * BLOCK + tl.arange(0, BLOCK)
-        valid = idx < n_heads * head_dim
-        row = q_ptr + tok * q_tok_stride + (idx // head_dim) * q_head_stride
-        y = _rotate(row, idx % head_dim, valid, pos, cos_ptr, sin_ptr, rot_dim)
-        tl.store(q_out_ptr + tok * n_heads * head_dim + idx, y, mask=valid)
+        valid = idx < n_heads * HEAD_DIM
+        row = q_ptr + tok * q_tok_stride + (idx // HEAD_DIM) * q_head_stride
+        y = _rotate(row, idx % HEAD_DIM, valid, pos, cos_ptr, sin_ptr, ROT_DIM)
+        tl.store(q_out_ptr + tok * n_heads * HEAD_DIM + idx, y, mask=valid)
     else:  # its k heads rotated, and its v heads as they are, into the caches at its slot
         idx = (pid - q_programs) * BLOCK + tl.arange(0, BLOCK)
-        valid = idx < n_kv_heads * head_dim
-        head, d = idx // head_dim, idx % head_dim
-        at = tl.load(slot_ptr + tok).to(tl.int64) * n_kv_heads * head_dim + idx
-        y = _rotate(k_ptr + tok * k_tok_stride + head * k_head_stride, d, valid, pos, cos_ptr, sin_ptr, rot_dim)
+        valid = idx < n_kv_heads * HEAD_DIM
+        head, d = idx // HEAD_DIM, idx % HEAD_DIM
+        at = tl.load(slot_ptr + tok).to(tl.int64) * n_kv_heads * HEAD_DIM + idx
+        y = _rotate(k_ptr + tok * k_tok_stride + head * k_head_stride, d, valid, pos, cos_ptr, sin_ptr, ROT_DIM)
         tl.store(k_cache_ptr + at, y, mask=valid)
         v = tl.load(v_ptr + tok * v_tok_stride + head * v_head_stride + d, mask=valid)
         tl.store(v_cache_ptr + at, v, mask=valid)
@@ -136,8 +136,8 @@ def _rotary_triton(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, 
     out = torch.empty((tokens, heads, head_dim), dtype=x.dtype, device=x.device)
     if tokens > 0:
         grid = (tokens, triton.cdiv(heads * head_dim, block))
-        launch(_rotary_kernel, grid, x, out, positions, cos, sin, x.stride(0), x.stride(1), heads, head_dim,
-               cos.shape[1], BLOCK=block, enable_fp_fusion=False, **pdl(x))
+        launch(_rotary_kernel, grid, x, out, positions, cos, sin, x.stride(0), x.stride(1), heads, HEAD_DIM=head_dim,
+               ROT_DIM=cos.shape[1], BLOCK=block, enable_fp_fusion=False, **pdl(x))
     return out
 
 
@@ -162,9 +162,8 @@ def _rotary_store_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, posi
         q_programs = triton.cdiv(heads * head_dim, block)
         grid = (tokens, q_programs + triton.cdiv(kv_heads * head_dim, block))
         launch(_rotary_store_kernel, grid, q, k, v, q_out, k_cache, v_cache, positions, slots, cos, sin, q.stride(0),
-               q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), heads,
-               kv_heads, head_dim, cos.shape[1], q_programs, BLOCK=block,
-               enable_fp_fusion=False, **pdl(q))
+               q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), heads, kv_heads, q_programs,
+               HEAD_DIM=head_dim, ROT_DIM=cos.shape[1], BLOCK=block, enable_fp_fusion=False, **pdl(q))
     return q_out
 
 

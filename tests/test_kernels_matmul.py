@@ -136,6 +136,12 @@ for dtype in (torch.float32, torch.bfloat16):
         got = linear(x[:m], w, b, chunk=64, parallel=parallel, block_m=16, block_n=32, block_k=32)
         if not torch.equal(got, ref[:m]):
             bad.append(("rows", dtype, m, parallel))
+    # GROUP_M 1 reads its tile off a 3-D grid (row tile, chunk, column tile): the same tiles, so the same rows,
+    # over several row and column tiles (M 37: three row tiles; N 72: three column tiles, the last partial)
+    for m, parallel in ((1, True), (37, True), (37, False), (17, False)):
+        got = linear(x[:m], w, b, chunk=64, parallel=parallel, block_m=16, block_n=32, block_k=32, group_m=1)
+        if not torch.equal(got, ref[:m]):
+            bad.append(("grid3 rows", dtype, m, parallel))
     for chunk in (64, 128):  # the flat loop folds at the same chunk ends (K = 200: a partial last chunk)
         seq = linear(x, w, b, chunk=chunk, parallel=False, block_m=16, block_n=32, block_k=32)
         if not torch.equal(linear(x, w, b, chunk=chunk, parallel=False, block_m=16, block_n=32, block_k=32,
@@ -152,6 +158,13 @@ for dtype in (torch.float32, torch.bfloat16):
     want = (((ws[0, :5] + ws[1, :5]) + ws[2, :5]) + b.float()).to(dtype)
     if not torch.equal(got, tight) or (dtype == torch.float32 and not torch.equal(got, want)):
         bad.append(("padded workspace", dtype))
+    # a row wider than the reduce's 1,024-column program: three programs a row, the last partial
+    ws = torch.randn(3, 2, 2100)
+    wide_b = torch.randn(2100).to(dtype)
+    got = torch.empty(2, 2100, dtype=dtype)
+    combine_splits(ws, wide_b, got)
+    if dtype == torch.float32 and not torch.equal(got, ((ws[0] + ws[1]) + ws[2]) + wide_b):
+        bad.append(("wide rows", dtype))
 print("BAD", bad)
 '''
     out = run_interpreted(code)
