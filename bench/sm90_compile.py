@@ -38,6 +38,12 @@ GATED_ARGS = dict(x_ptr=BF16, w_ptr=BF16, b_ptr=BF16, out_ptr=BF16, M="i32", D="
 def resources(fn, args: dict[str, str], consts: dict, warps: int, stages: int) -> tuple[int, int, int]:
     """(registers, spill-store bytes, shared-memory bytes) of `fn` compiled for sm_90a. `args`: name -> Triton
     type, `i32:16` an int divisible by 16, `i32:1` one fixed at 1 (a unit stride); pointers are 16-byte aligned."""
+    return ptxas_resources(compile_sm90(fn, args, consts, warps, stages))
+
+
+def compile_sm90(fn, args: dict[str, str], consts: dict, warps: int, stages: int):
+    """`fn` compiled for sm_90 by the installed Triton, its arguments as `resources` takes them (its `asm["ptx"]`
+    is the kernel's PTX)."""
     signature, attrs, constexprs = {}, {}, {}
     assert set(fn.arg_names) == set(args) | set(consts), set(fn.arg_names) ^ (set(args) | set(consts))
     for i, name in enumerate(fn.arg_names):  # in the kernel's own parameter order
@@ -50,9 +56,8 @@ def resources(fn, args: dict[str, str], consts: dict, warps: int, stages: int) -
             signature[name], attrs[(i,)] = kind.removesuffix(":16"), [["tt.divisibility", 16]]
         else:
             signature[name] = kind
-    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
-    return ptxas_resources(kernel)
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
 
 
 def ptxas_resources(kernel) -> tuple[int, int, int]:
@@ -125,8 +130,8 @@ def main() -> None:
         bm, bn, bk, warps, stages = (int(v) for v in tile.split("x"))
         common = dict(HAS_BIAS=False, CHUNK=args.chunk, BLOCK_M=bm, BLOCK_K=bk, GROUP_M=8, IEEE=False, UPCAST=False,
                       PDL=True)
-        linear = resources(_matmul_kernel, LINEAR_ARGS, dict(PARALLEL=False, BLOCK_N=bn, FLAT=False, **common),
-                           warps, stages)
+        linear = resources(_matmul_kernel, LINEAR_ARGS, dict(PARALLEL=False, BLOCK_N=bn, FLAT=False, GRID3=False,
+                                                             **common), warps, stages)
         gated = resources(_gate_up_silu_kernel, GATED_ARGS, dict(BLOCK_N=bn // 2, **common), warps, stages)
         print(f"| {tile} | {' / '.join(map(str, linear))} | {' / '.join(map(str, gated))} |")
     if args.wgmma:

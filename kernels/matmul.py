@@ -125,18 +125,16 @@ def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N, K, num_chunks, st
 @triton.jit
 def _splitk_reduce_kernel(ws_ptr, b_ptr, out_ptr, M, N, stride_ws, stride_om, stride_on,
                           HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """One program a (row, BLOCK columns): row m's partials [splits, rows >= M, N] added in split order. The row
-    and columns come off the grid (no division by the run-time N on the way to the loads)."""
     pdl_enter(PDL)
-    m = tl.program_id(0).to(tl.int64)
-    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = n < N
-    offs = m * N + n
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
     acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
     for s in tl.static_range(1, SPLIT_K):  # partials added in split order, always
         acc += tl.load(ws_ptr + s * stride_ws + offs, mask=mask, other=0.0)
+    n = offs % N
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=mask, other=0.0).to(tl.float32)
+    m = offs // N
     tl.store(out_ptr + m * stride_om + n * stride_on, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -243,8 +241,8 @@ def combine_splits(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tenso
     M, N = out.shape
     splits = ws.shape[0]
     assert ws.shape[1] >= M and ws.shape[2] == N and ws.is_contiguous()
-    block = min(1024, triton.next_power_of_2(N))
-    grid = (M, triton.cdiv(N, block))
+    block = 1024
+    grid = (triton.cdiv(M * N, block),)
     args = (ws, bias if bias is not None else out, out, M, N, ws.stride(0), out.stride(0), out.stride(1))
     meta = dict(HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK=block)
     launch(_splitk_reduce_kernel, grid, *args, **meta, **pdl(out))

@@ -4,6 +4,8 @@ copies `async_copy_*`; later releases `async_load`/`async_store` and raise on th
 breaks them fails here, not on the first Hopper call of a user's run. Compiling proves no bits (the GPU tests do)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from bench_scripts import load
@@ -69,3 +71,31 @@ def test_the_split_combines_compile_for_sm90_without_spilling():
                                                      {**consts, "HEADS_P2": heads, "UNROLL": COMBINE_HEADS_UNROLL},
                                                      COMBINE_HEADS_WARPS, 1)
             assert spill == 0 and registers <= 255, (split, heads, registers, spill)
+
+
+def _divisions(ptx: str) -> int:
+    """Integer divisions and remainders in a kernel's PTX (`div.s32`, `rem.u64`, ...: by a run-time value; a
+    compile-time divisor folds into shifts or multiplies before PTX)."""
+    return len(re.findall(r"\b(?:div|rem)\.[su](?:32|64)\b", ptx))
+
+
+def test_the_decode_kernels_take_no_runtime_division():
+    """The decode step's latency-bound kernels reach their loads without an integer division by a run-time value
+    (some 20 dependent instructions each on sm_90): the linear's decode tiles (GROUP_M 1) read their tile off a 3-D
+    grid, and the rotary store takes the head and rotary dims compiled in. Control: the grouped tile order's two."""
+    compile_ = load("sm90_compile")
+    from detent_rl.kernels.matmul import _matmul_kernel
+    from detent_rl.kernels.rotary import _rotary_kernel, _rotary_store_kernel
+    for parallel in (True, False):
+        consts = dict(HAS_BIAS=True, PARALLEL=parallel, CHUNK=640, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, GROUP_M=1,
+                      IEEE=False, UPCAST=False, FLAT=False, PDL=True)
+        grid3 = compile_.compile_sm90(_matmul_kernel, compile_.LINEAR_ARGS, dict(consts, GRID3=True), 4, 4)
+        grouped = compile_.compile_sm90(_matmul_kernel, compile_.LINEAR_ARGS, dict(consts, GRID3=False), 4, 4)
+        assert _divisions(grid3.asm["ptx"]) == 0 and _divisions(grouped.asm["ptx"]) == 2, parallel
+    ptr = dict(pos_ptr="*i64", slot_ptr="*i64", cos_ptr="*bf16", sin_ptr="*bf16")
+    for fn in (_rotary_kernel, _rotary_store_kernel):
+        args = {n: "*bf16" if n.endswith("_ptr") else "i32" for n in fn.arg_names if n.islower()}
+        kernel = compile_.compile_sm90(fn, {**args, **{k: v for k, v in ptr.items() if k in args}},
+                                       dict(HEAD_DIM=64, ROT_DIM=64, BLOCK=1024, PDL=True), 4, 1)
+        assert _divisions(kernel.asm["ptx"]) == 0, fn.__name__
+
