@@ -80,6 +80,27 @@ def test_rows_follow_the_chunk_not_m_or_the_schedule(n, k, bias):
         assert not bad, "rows changed with M or the schedule:\n" + "\n".join(bad)
 
 
+@pytest.mark.parametrize("n, k, bias", SITES, ids=[f"{k}to{n}" for n, k, _ in SITES])
+def test_decode_tiles_off_the_3d_grid_keep_the_bits(n, k, bias):
+    """GROUP_M 1 (the decode buckets' tiles) reads a program's tile off a 3-D grid (`matmul._program_offsets`, no
+    run-time division): the same tiles as the grouped order's, so the same rows, at every M the decode buckets
+    serve and past them (several row tiles), for a cut and a whole K. The control is
+    `test_another_chunk_rounds_differently`."""
+    rows = 256 if n > 100_000 else 512
+    x, w, b = _data(n, k, bias, torch.bfloat16, rows)
+    bad = []
+    for chunk in (128, 1 << 20):
+        full = linear(x, w, b, chunk=chunk, parallel=False, block_m=128, block_n=128, block_k=64, num_warps=8)
+        for parallel, bm, bn, bk in ((True, 16, 64, 128), (True, 16, 32, 128), (False, 16, 64, 128)):
+            for m in (1, 7, 32, 100, rows):
+                for group_m in (1, 8):
+                    got = linear(x[:m], w, b, chunk=chunk, parallel=parallel, block_m=bm, block_n=bn, block_k=bk,
+                                 group_m=group_m, num_warps=4, num_stages=4)
+                    if not torch.equal(got, full[:m]):
+                        bad.append(f"chunk {chunk} {(parallel, bm, bn, bk)} group {group_m} M={m}")
+    assert not bad, "rows changed with the grid:\n" + "\n".join(bad)
+
+
 def test_another_chunk_rounds_differently():
     changed = []
     for n, k, bias in SITES[:4]:
