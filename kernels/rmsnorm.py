@@ -20,11 +20,56 @@ from detent_rl.kernels.launch import launch
 
 
 @triton.jit
+def _rmsnorm_block(x_ptr, res_ptr, res_out_ptr, base, cols, n_cols, HAS_RESIDUAL: tl.constexpr):
+    """The row's values `h` at `cols` (x, or residual + x rounded to x's dtype, also stored to res_out)."""
+    mask = cols < n_cols
+    h = tl.load(x_ptr + base + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + base + cols, mask=mask, other=0.0)
+        h = (h.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + base + cols, h, mask=mask)
+    return h
+
+
+@triton.jit
+def _rmsnorm_store(out_ptr, base, cols, n_cols, h, w, rstd):
+    """out = w * (h * rstd rounded to h's dtype), rounded to h's dtype, at `cols`."""
+    y = (h.to(tl.float32) * rstd).to(h.dtype)
+    tl.store(out_ptr + base + cols, (w.to(tl.float32) * y.to(tl.float32)).to(h.dtype), mask=cols < n_cols)
+
+
+@triton.jit
 def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
-                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr, RESIDENT: tl.constexpr = 0):
     pdl_enter(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    base = row * n_cols
+    base = tl.program_id(0).to(tl.int64) * n_cols
+    if RESIDENT > 0:  # the row in 1 or 2 blocks held in registers between the two passes (`resident_blocks`):
+        # the loops' operations in their order, without the second pass's reloads after the reduction, and the
+        # weights loaded before it
+        lanes = tl.arange(0, BLOCK)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        h0 = _rmsnorm_block(x_ptr, res_ptr, res_out_ptr, base, lanes, n_cols, HAS_RESIDUAL)
+        w0 = tl.load(w_ptr + lanes, mask=lanes < n_cols, other=0.0)
+        h0f = h0.to(tl.float32)
+        acc += h0f * h0f
+        if RESIDENT == 2:
+            h1 = _rmsnorm_block(x_ptr, res_ptr, res_out_ptr, base, BLOCK + lanes, n_cols, HAS_RESIDUAL)
+            w1 = tl.load(w_ptr + BLOCK + lanes, mask=BLOCK + lanes < n_cols, other=0.0)
+            h1f = h1.to(tl.float32)
+            acc += h1f * h1f
+            rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
+            _rmsnorm_store(out_ptr, base, BLOCK + lanes, n_cols, h1, w1, rstd)
+        else:
+            rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
+        _rmsnorm_store(out_ptr, base, lanes, n_cols, h0, w0, rstd)
+    else:
+        _rmsnorm_loops(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, base, n_cols, eps, HAS_RESIDUAL, BLOCK)
+
+
+@triton.jit
+def _rmsnorm_loops(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, base, n_cols, eps, HAS_RESIDUAL: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """A row of any width: the sum of squares block by block, then a second pass that re-reads the row."""
     dtype = x_ptr.dtype.element_ty
     lanes = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -53,8 +98,22 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
         tl.store(out_ptr + base + cols, (w.to(tl.float32) * y.to(tl.float32)).to(dtype), mask=mask)
 
 
+RESIDENT_MAX = 2  # the most blocks of a row the forward kernel holds in registers between its passes
+
+
+def resident_blocks(hidden: int, block: int) -> int:
+    """How many `block`-wide blocks of a `hidden` row the forward kernel keeps in registers between its two passes
+    (0: more than RESIDENT_MAX, the loops re-read the row). The same operations either way, so the same bits
+    (tests/test_kernels_rows*.py); one value a model, so one compiled variant."""
+    blocks = -(-hidden // block)
+    return blocks if blocks <= RESIDENT_MAX else 0
+
+
 def _rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Optional[torch.Tensor],
-                    block: int, num_warps: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                    block: int, num_warps: int,
+                    resident: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """`resident`: the kernel's RESIDENT (default `resident_blocks`; 0 forces the loops, for the tests that compare
+    the two paths' bits)."""
     require_triton(x)
     x, weight = dense_rows(x), aligned(weight)
     residual = dense_rows(residual) if residual is not None else None
@@ -65,7 +124,9 @@ def _rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual:
         launch(_rmsnorm_kernel, (rows,),
             x, residual if residual is not None else x, weight, out,
             res_out if res_out is not None else out, hidden, float(eps),
-            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=num_warps, **pdl(x))
+            HAS_RESIDUAL=residual is not None, BLOCK=block,
+            RESIDENT=resident_blocks(hidden, block) if resident is None else resident,
+            num_warps=num_warps, **pdl(x))
     return out, res_out
 
 

@@ -99,3 +99,21 @@ def test_the_decode_kernels_take_no_runtime_division():
                                        dict(HEAD_DIM=64, ROT_DIM=64, BLOCK=1024, PDL=True), 4, 1)
         assert _divisions(kernel.asm["ptx"]) == 0, fn.__name__
 
+
+def test_the_resident_rmsnorm_row_compiles_for_sm90_without_spilling():
+    """`rmsnorm`'s forward kernel with the row held in registers (one and two 1,024-wide blocks: the 0.5B's and
+    the 1.5B's hidden sizes) and with the loops, with the residual: no spills, and the held rows read x and the
+    residual once (Triton 3.9 here: 3 and 6 global load instructions with the weights, against the loops' 5)."""
+    compile_ = load("sm90_compile")
+    from detent_rl.kernels.rmsnorm import _rmsnorm_kernel
+    args = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16", res_out_ptr="*bf16", n_cols="i32:16",
+                eps="fp32")
+    loads = {}
+    for resident in (0, 1, 2):
+        kernel = compile_.compile_sm90(_rmsnorm_kernel, args, dict(HAS_RESIDUAL=True, BLOCK=1024, PDL=True,
+                                                                   RESIDENT=resident), 4, 1)
+        registers, spill, _ = compile_.ptxas_resources(kernel)
+        assert spill == 0 and registers <= 255, (resident, registers, spill)
+        loads[resident] = len(re.findall(r"\bld\.global", kernel.asm["ptx"]))
+    assert loads[1] < loads[0] and loads[2] == 2 * loads[1], loads
+

@@ -271,6 +271,12 @@ _INTERPRETED = textwrap.dedent("""
         torch.testing.assert_close(res, ref_res, **tol[dt])
         one, _ = _rmsnorm_triton(x[3:4], w, 1e-6, r[3:4], 64, 4)
         assert torch.equal(one[0], out[3]), "rmsnorm row 3 alone"
+        # a row in one or two blocks held in registers between the passes: the loops' bits (and residual sums)
+        for block in (256, 128):
+            for res in (r, None):
+                held = _rmsnorm_triton(x, w, 1e-6, res, block, 4)
+                loops = _rmsnorm_triton(x, w, 1e-6, res, block, 4, resident=0)
+                assert torch.equal(held[0], loops[0]) and (res is None or torch.equal(held[1], loops[1])), block
         logits = (torch.randn(4, 300, generator=g) * 4).to(dt)
         ids = torch.randint(0, 300, (4,), generator=g)
         for temp in (1.0, 0.7):

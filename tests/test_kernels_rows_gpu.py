@@ -53,6 +53,29 @@ def test_rmsnorm_matches_reference(dtype, hidden, residual):
         torch.testing.assert_close(got, ref, rtol=rtol, atol=atol, msg=lambda m: f"block {block}: {m}")
 
 
+@pytest.mark.parametrize("hidden", [896, 1536, 1001, 2048])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rmsnorm_resident_row_keeps_the_loops_bits(dtype, hidden):
+    """A row of one or two blocks held in registers between the kernel's passes (`rmsnorm.resident_blocks`: the
+    0.5B's 896 in one 1,024-wide block, the 1.5B's 1,536 in two) gives the loops' bits, the residual sum too, at
+    every row count; a row of three blocks takes the loops. Control: another block rounds some row differently."""
+    from detent_rl.kernels.rmsnorm import _rmsnorm_triton, resident_blocks
+    x, w, res = rmsnorm_inputs(300, hidden, dtype, DEV)
+    bad = []
+    for block, num_warps in ((1024, 4), (512, 4), (2048, 8)):
+        held = resident_blocks(hidden, block)
+        for r in (res, None):
+            for rows in (1, 7, 300):
+                a = _rmsnorm_triton(x[:rows], w, EPS, None if r is None else r[:rows], block, num_warps)
+                b = _rmsnorm_triton(x[:rows], w, EPS, None if r is None else r[:rows], block, num_warps, resident=0)
+                if not torch.equal(a[0], b[0]) or (r is not None and not torch.equal(a[1], b[1])):
+                    bad.append(f"block {block} (resident {held}) residual {r is not None} rows {rows}")
+    _check(bad)
+    if dtype == torch.float32:  # (fp32 outputs show any change of rstd)
+        one = _rmsnorm_triton(x, w, EPS, None, 1024, 4)[0]
+        assert not torch.equal(one, _rmsnorm_triton(x, w, EPS, None, 256, 4)[0]), "the block must change some bits"
+
+
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("hidden", HIDDENS)
 @pytest.mark.parametrize("dtype", DTYPES)
