@@ -20,14 +20,16 @@ from detent_rl.kernels.launch import launch
 
 
 @triton.jit
-def _rmsnorm_block(x_ptr, res_ptr, res_out_ptr, base, cols, n_cols, HAS_RESIDUAL: tl.constexpr):
-    """The row's values `h` at `cols` (x, or residual + x rounded to x's dtype, also stored to res_out)."""
+def _rmsnorm_block(x_ptr, res_ptr, res_out_ptr, base, cols, n_cols, HAS_RESIDUAL: tl.constexpr,
+                   STORE: tl.constexpr = True):
+    """The row's values `h` at `cols`: x, or residual + x rounded to x's dtype (stored to res_out with STORE)."""
     mask = cols < n_cols
     h = tl.load(x_ptr + base + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + base + cols, mask=mask, other=0.0)
         h = (h.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-        tl.store(res_out_ptr + base + cols, h, mask=mask)
+        if STORE:
+            tl.store(res_out_ptr + base + cols, h, mask=mask)
     return h
 
 
@@ -70,32 +72,18 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
 def _rmsnorm_loops(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, base, n_cols, eps, HAS_RESIDUAL: tl.constexpr,
                    BLOCK: tl.constexpr):
     """A row of any width: the sum of squares block by block, then a second pass that re-reads the row."""
-    dtype = x_ptr.dtype.element_ty
     lanes = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, n_cols, BLOCK):
-        cols = start + lanes
-        mask = cols < n_cols
-        h = tl.load(x_ptr + base + cols, mask=mask, other=0.0)
-        if HAS_RESIDUAL:
-            r = tl.load(res_ptr + base + cols, mask=mask, other=0.0)
-            h = (h.to(tl.float32) + r.to(tl.float32)).to(dtype)
-            tl.store(res_out_ptr + base + cols, h, mask=mask)
-        hf = h.to(tl.float32)
+        hf = _rmsnorm_block(x_ptr, res_ptr, res_out_ptr, base, start + lanes, n_cols, HAS_RESIDUAL).to(tl.float32)
         acc += hf * hf
-    var = tl.sum(acc, axis=0) / n_cols
-    rstd = tl.math.rsqrt(var + eps)
+    rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
     for start in range(0, n_cols, BLOCK):
         cols = start + lanes
-        mask = cols < n_cols
         # h is recomputed, not re-read from res_out: same ops, same bits, no intra-program race.
-        h = tl.load(x_ptr + base + cols, mask=mask, other=0.0)
-        if HAS_RESIDUAL:
-            r = tl.load(res_ptr + base + cols, mask=mask, other=0.0)
-            h = (h.to(tl.float32) + r.to(tl.float32)).to(dtype)
-        y = (h.to(tl.float32) * rstd).to(dtype)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-        tl.store(out_ptr + base + cols, (w.to(tl.float32) * y.to(tl.float32)).to(dtype), mask=mask)
+        h = _rmsnorm_block(x_ptr, res_ptr, res_out_ptr, base, cols, n_cols, HAS_RESIDUAL, STORE=False)
+        w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0)
+        _rmsnorm_store(out_ptr, base, cols, n_cols, h, w, rstd)
 
 
 RESIDENT_MAX = 2  # the most blocks of a row the forward kernel holds in registers between its passes
