@@ -89,12 +89,16 @@ def _rmsnorm_loops(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, base, n_cols, ep
 RESIDENT_MAX = 2  # the most blocks of a row the forward kernel holds in registers between its passes
 
 
-def resident_blocks(hidden: int, block: int) -> int:
-    """How many `block`-wide blocks of a `hidden` row the forward kernel keeps in registers between its two passes
-    (0: more than RESIDENT_MAX, the loops re-read the row). The same operations either way, so the same bits
-    (tests/test_kernels_rows*.py); one value a model, so one compiled variant."""
+def resident_blocks(hidden: int, block: int, itemsize: int) -> int:
+    """How many `block`-wide blocks of a `hidden` row of `itemsize`-byte values the forward kernel keeps in registers
+    between its two passes (0: the loops re-read the row). Only rows of at most RESIDENT_MAX blocks of 16-bit values
+    are held: such a value's square is exact in fp32, so the sum takes the loops' roundings however the compiler
+    fuses the squares into the adds. An fp32 square rounds, and the compiler fuses a held row's squares into the
+    reduction (sm_90 PTX at 1,024 lanes: 4 FMAs a thread against the loops' 8): the loops' bits were not kept on
+    the GPU (session 55), so fp32 rows take the loops (tests/test_kernels_rows*.py). One value a model and dtype,
+    so one compiled variant."""
     blocks = -(-hidden // block)
-    return blocks if blocks <= RESIDENT_MAX else 0
+    return blocks if blocks <= RESIDENT_MAX and itemsize <= 2 else 0
 
 
 def _rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Optional[torch.Tensor],
@@ -113,7 +117,7 @@ def _rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual:
             x, residual if residual is not None else x, weight, out,
             res_out if res_out is not None else out, hidden, float(eps),
             HAS_RESIDUAL=residual is not None, BLOCK=block,
-            RESIDENT=resident_blocks(hidden, block) if resident is None else resident,
+            RESIDENT=resident_blocks(hidden, block, x.element_size()) if resident is None else resident,
             num_warps=num_warps, **pdl(x))
     return out, res_out
 

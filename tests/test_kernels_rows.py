@@ -252,7 +252,7 @@ def test_embedding_matches_reference_and_is_invariant(dtype):
 
 _INTERPRETED = textwrap.dedent("""
     import torch
-    from detent_rl.kernels.rmsnorm import _rmsnorm_triton, rmsnorm_ref
+    from detent_rl.kernels.rmsnorm import _rmsnorm_triton, resident_blocks, rmsnorm_ref
     from detent_rl.kernels.log_softmax import _log_softmax_triton, _token_logprobs_triton, log_softmax_ref
     from detent_rl.kernels.silu_and_mul import _silu_and_mul_triton, silu_and_mul_ref
     from detent_rl.kernels.rotary import _rotary_store_triton, _rotary_triton, _rotary_torch
@@ -271,8 +271,10 @@ _INTERPRETED = textwrap.dedent("""
         torch.testing.assert_close(res, ref_res, **tol[dt])
         one, _ = _rmsnorm_triton(x[3:4], w, 1e-6, r[3:4], 64, 4)
         assert torch.equal(one[0], out[3]), "rmsnorm row 3 alone"
-        # a row in one or two blocks held in registers between the passes: the loops' bits (and residual sums)
+        # a 16-bit row in one or two blocks held in registers between the passes: the loops' bits (and residual
+        # sums); an fp32 row takes the loops (`resident_blocks`)
         for block in (256, 128):
+            assert resident_blocks(200, block, x.element_size()) == (0 if dt == torch.float32 else -(-200 // block))
             for res in (r, None):
                 held = _rmsnorm_triton(x, w, 1e-6, res, block, 4)
                 loops = _rmsnorm_triton(x, w, 1e-6, res, block, 4, resident=0)
