@@ -45,9 +45,9 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr, RESIDENT: tl.constexpr = 0):
     pdl_enter(PDL)
     base = tl.program_id(0).to(tl.int64) * n_cols
-    if RESIDENT > 0:  # the row in 1 or 2 blocks held in registers between the two passes (`resident_blocks`):
-        # the loops' operations in their order, without the second pass's reloads after the reduction, and the
-        # weights loaded before it
+    if RESIDENT > 0:  # a 16-bit row in 1 or 2 blocks held in registers between the two passes (`resident_blocks`):
+        # the loops' operations in their order (and, its squares being exact, their roundings), without the second
+        # pass's reloads after the reduction, and the weights loaded before it
         lanes = tl.arange(0, BLOCK)
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         h0 = _rmsnorm_block(x_ptr, res_ptr, res_out_ptr, base, lanes, n_cols, HAS_RESIDUAL)
