@@ -10,5 +10,5 @@ cd tests
 t() { local lim=$1; shift; timeout $lim python3 -P -m pytest -m gpu -v -p no:cacheprovider "$@" 2>&1 \
   | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|^E " | cut -c1-160 | head -40; }
 t 40 test_kernels_rows_gpu.py -k rmsnorm
-t 330 test_battery.py
-t 120 test_kernels_attention_gpu.py -k "query_tile_is_a_schedule and dtype1 and llama"
+t 300 test_battery.py
+t 100 test_kernels_attention_gpu.py -k "query_tile_is_a_schedule and dtype1 and llama"
