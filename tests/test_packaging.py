@@ -41,10 +41,24 @@ def test_subpackages_import_under_detent_rl():
     assert Path(detent_rl.trainer.__file__).parent == REPO / "trainer"
 
 
+INSTALLED = {"site-packages", "dist-packages"}  # the folders an environment installs packages into
+
+
 def _ours(origin: str | None) -> bool:
     """Whether a module's file lies in this checkout (by path, not by string prefix: a virtual environment beside
-    the checkout, /x/repo-venv beside /x/repo, is not in it)."""
-    return origin is not None and Path(origin).resolve().is_relative_to(REPO)
+    the checkout, /x/repo-venv beside /x/repo, is not in it) and not in what an environment there installed (a
+    `python -m venv .venv` inside the checkout holds the hub's `kernels`, which is not ours)."""
+    if origin is None:
+        return False
+    path = Path(origin).resolve()
+    return path.is_relative_to(REPO) and not INSTALLED & set(path.relative_to(REPO).parts)
+
+
+def test_ours_tells_the_checkout_from_an_environment_in_or_beside_it():
+    assert _ours(str(REPO / "kernels" / "__init__.py"))
+    assert not _ours(str(REPO / ".venv" / "lib" / "python3.11" / "site-packages" / "kernels" / "__init__.py"))
+    assert not _ours(str(REPO.parent / (REPO.name + "-venv") / "kernels" / "__init__.py"))
+    assert not _ours(None)
 
 
 def test_install_provides_no_top_level_kernels_trainer_rollout(tmp_path):
