@@ -58,10 +58,16 @@ def pdl(t: torch.Tensor) -> dict:
 
     On Hopper and later a kernel launched with PDL may be scheduled while its predecessor in the
     stream drains (captured graphs keep it as a programmatic edge), which hides most of the launch
-    gap between two short kernels. Every kernel of ours takes a `PDL` constexpr and starts with
+    gap between two short kernels. Every kernel of ours takes a `PDL` constexpr and calls
     `pdl_enter(PDL)`: it waits for its predecessor's completion and memory (griddepcontrol.wait)
-    before touching any memory, so nothing it reads or writes can race, and lets its own successor
-    be scheduled at once. It moves when a program starts, never what it computes: bit-neutral.
+    before it writes anything or reads anything a kernel of the step may have written, so nothing
+    races, and lets its own successor be scheduled at once. Before the wait a kernel reads only what
+    was in memory before its predecessor started: host-fed inputs (a step's uploaded metadata:
+    positions, slots, block tables, query offsets and tiles, whose writers are copies or kernels at
+    least two launches back, complete before the predecessor passed its own wait) and tables fixed at
+    load (the rope table). The attention, its combine and the rotary kernels read those so, and their
+    chains of dependent loads then run while the predecessor does. It moves when a load is issued,
+    never what it loads or computes: bit-neutral.
     Off on the CPU, under the interpreter, before sm_90, and with DETENT_PDL=0 (A/B measurements).
     Returns the kernel's keyword arguments: `PDL` and, when on, Triton's `launch_pdl`.
     """
@@ -76,7 +82,8 @@ def pdl(t: torch.Tensor) -> dict:
 
 @triton.jit
 def pdl_enter(PDL: tl.constexpr):
-    """A kernel's first statement (see `pdl`): wait for the predecessor, release the successor."""
+    """Before a kernel's first write and first read of the step's memory (see `pdl`): wait for the
+    predecessor, release the successor."""
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()

@@ -27,6 +27,7 @@ import torch
 
 from detent_rl.kernels._triton import interpreting, pdl, pdl_enter, tl, triton
 from detent_rl.kernels.attention_combine import combine_call, combine_kv_splits
+from detent_rl.kernels.attention_cpu import attention_cpu
 from detent_rl.kernels.attention_plan import plan_for
 from detent_rl.kernels.launch import launch
 
@@ -99,10 +100,15 @@ def attn_meta(q_lens: list[int], cached: list[int], block_table: torch.Tensor, b
 
 
 @triton.jit
-def _kv_block(k_ptr, v_ptr, bt_ptr, req, kvh, kpos, kmask, d, stride_bt, stride_kp, stride_ks, stride_kh,
-              PAGE: tl.constexpr):
-    """Keys and values at positions `kpos` of request `req`'s pages (zeros where masked)."""
-    page = tl.load(bt_ptr + req * stride_bt + kpos // PAGE, mask=kmask, other=0)
+def _pages(bt_ptr, req, kpos, kmask, stride_bt, PAGE: tl.constexpr):
+    """The pages of request `req` that hold positions `kpos` (0 where masked): the block table is host-fed, so a
+    kernel may read it before its wait (`pdl_enter`; `pdl`)."""
+    return tl.load(bt_ptr + req * stride_bt + kpos // PAGE, mask=kmask, other=0)
+
+
+@triton.jit
+def _kv_at(k_ptr, v_ptr, page, kvh, kpos, kmask, d, stride_kp, stride_ks, stride_kh, PAGE: tl.constexpr):
+    """Keys and values at positions `kpos` in `page` (`_pages`; zeros where masked)."""
     off = page[:, None] * stride_kp + (kpos % PAGE)[:, None] * stride_ks + kvh * stride_kh + d[None, :]
     return tl.load(k_ptr + off, mask=kmask[:, None], other=0.0), tl.load(v_ptr + off, mask=kmask[:, None], other=0.0)
 
@@ -116,7 +122,9 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                       IEEE: tl.constexpr, UPCAST: tl.constexpr, PREFETCH: tl.constexpr, DIRECT: tl.constexpr,
                       LSE: tl.constexpr, TREE_SUM: tl.constexpr, PDL: tl.constexpr):
-    pdl_enter(PDL)
+    # Everything up to the first KV block's pages is read before the wait (`pdl_enter`): the step's metadata and
+    # block table are host-fed (`pdl`), so these dependent loads run while the predecessor does; q and the caches,
+    # which it writes, are read after the wait. The same loads either way: bit-neutral.
     tile = tl.program_id(0)
     split = tl.program_id(2)
     req = tl.load(tile_req_ptr + tile)
@@ -141,8 +149,13 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_
     if SPLIT > 0:  # a pinned selection's one split size, compiled in (`paged_attention(fixed_split=)`)
         span = SPLIT
     lo = split * span
+    hi = tl.minimum(lo + span, last_pos + 1)  # (no key when lo > last_pos: every mask below is off)
+    first = lo + tl.arange(0, BLOCK_N)
+    page = _pages(bt_ptr, req, first, first < hi, stride_bt, PAGE)  # the first block's
+    if PREFETCH:  # and the second's, one block ahead of the loop (below)
+        ahead = _pages(bt_ptr, req, first + BLOCK_N, first + BLOCK_N < hi, stride_bt, PAGE)
+    pdl_enter(PDL)
     if lo <= last_pos:
-        hi = tl.minimum(lo + span, last_pos + 1)
         d = tl.arange(0, HEAD_DIM)
         q = tl.load(q_ptr + rows[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                     mask=row_ok[:, None], other=0.0)
@@ -155,26 +168,22 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, pos0_ptr, tile_req_
         if UPCAST:
             ones = ones.to(tl.float32)
         if PREFETCH:  # the next block's pages and keys are loaded while this block is reduced
-            kpos = lo + tl.arange(0, BLOCK_N)
-            kmask = kpos < hi
-            k, v = _kv_block(k_ptr, v_ptr, bt_ptr, req, kvh, kpos, kmask, d, stride_bt, stride_kp, stride_ks,
-                             stride_kh, PAGE)
-            page = tl.load(bt_ptr + req * stride_bt + (kpos + BLOCK_N) // PAGE, mask=kpos + BLOCK_N < hi, other=0)
+            k, v = _kv_at(k_ptr, v_ptr, page, kvh, first, first < hi, d, stride_kp, stride_ks, stride_kh, PAGE)
+            page = ahead
         for start in range(lo, hi, BLOCK_N):
             kpos = start + tl.arange(0, BLOCK_N)
             if PREFETCH:
                 k_cur, v_cur = k, v
                 # block start + BLOCK_N from the pages loaded one iteration ago; pages of start + 2 BLOCK_N
                 nmask = kpos + BLOCK_N < hi
-                off = page[:, None] * stride_kp + ((kpos + BLOCK_N) % PAGE)[:, None] * stride_ks + \
-                    kvh * stride_kh + d[None, :]
-                k = tl.load(k_ptr + off, mask=nmask[:, None], other=0.0)
-                v = tl.load(v_ptr + off, mask=nmask[:, None], other=0.0)
-                page = tl.load(bt_ptr + req * stride_bt + (kpos + 2 * BLOCK_N) // PAGE,
-                               mask=kpos + 2 * BLOCK_N < hi, other=0)
+                k, v = _kv_at(k_ptr, v_ptr, page, kvh, kpos + BLOCK_N, nmask, d, stride_kp, stride_ks, stride_kh,
+                              PAGE)
+                page = _pages(bt_ptr, req, kpos + 2 * BLOCK_N, kpos + 2 * BLOCK_N < hi, stride_bt, PAGE)
             else:
-                k_cur, v_cur = _kv_block(k_ptr, v_ptr, bt_ptr, req, kvh, kpos, kpos < hi, d, stride_bt, stride_kp,
-                                         stride_ks, stride_kh, PAGE)
+                if start > lo:  # (the first block's pages came before the wait)
+                    page = _pages(bt_ptr, req, kpos, kpos < hi, stride_bt, PAGE)
+                k_cur, v_cur = _kv_at(k_ptr, v_ptr, page, kvh, kpos, kpos < hi, d, stride_kp, stride_ks, stride_kh,
+                                      PAGE)
             if UPCAST:
                 k_cur = k_cur.to(tl.float32)
                 v_cur = v_cur.to(tl.float32)
@@ -280,7 +289,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         return out
     if not (q.is_cuda or interpreting()):
         assert lse is None, "the log-sum-exp output is the Triton kernel's"
-        return _attention_cpu(q, k_cache, v_cache, meta, scale, block_n, split_size, out)
+        return attention_cpu(q, k_cache, v_cache, meta, scale, block_n, split_size, out)
     assert lse is None or (lse.shape == (H, T) and lse.dtype == torch.float32 and lse.stride(1) == 1)
     if direct:  # placeholders, never read
         m = lsum = o = out
@@ -314,77 +323,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         call = None if direct else combine_call(m, lsum, o, out, meta.token_pos, lse, split_size,
                                                        fixed_split)
         plan.record((_attention_kernel, grid, args, dict(kwargs, **opts)), call, tensors)
-    return out
-
-
-CPU_ROWS = 64  # the CPU path's tile height, whatever the selection's: CPU matmuls read M
-
-
-def _cpu_tiles(meta: AttnMeta, cu: list[int]):
-    """(request, first query, queries) of each CPU tile: the selection's tiles cut into CPU_ROWS queries."""
-    for req, q0 in zip(meta.tile_req.tolist(), meta.tile_q0.tolist()):
-        end = q0 + min(meta.tile_queries, cu[req + 1] - q0)  # a packed tile's queries, each on its heads' rows
-        for c0 in range(q0, end, CPU_ROWS):
-            yield req, c0, min(CPU_ROWS, end - c0)
-
-
-def _attention_cpu(q, k_cache, v_cache, meta, scale, block_n, split_size, out):
-    """The same reduction structure in PyTorch, on fixed-shape tiles of CPU_ROWS queries and all heads
-    (CPU matmul reads M otherwise), so the query tile is a schedule here too."""
-    T, H, D = q.shape
-    kvh, page = k_cache.shape[2], k_cache.shape[1]
-    group, bm = H // kvh, CPU_ROWS
-    cu, pos0 = meta.cu_q.tolist(), meta.pos0.tolist()
-    ns = int(meta.token_pos.max().item()) // split_size + 1
-    m = torch.full((T, H, ns), float("-inf"))
-    lsum = torch.zeros((T, H, ns))
-    o = torch.zeros((T, H, ns, D))
-    for req, q0, n_rows in _cpu_tiles(meta, cu):
-        qt = torch.zeros((bm, H, D))
-        qt[:n_rows] = q[q0:q0 + n_rows].float()
-        qt = qt.transpose(0, 1)  # [H, BM, D]
-        row_pos = torch.arange(bm) + pos0[req] + q0 - cu[req]
-        last = pos0[req] + q0 + n_rows - 1 - cu[req]
-        pages = meta.block_table[req].tolist()
-        for j in range(last // split_size + 1):
-            lo, hi = j * split_size, min((j + 1) * split_size, last + 1)
-            mj = torch.full((H, bm), float("-inf"))
-            lj = torch.zeros((H, bm))
-            aj = torch.zeros((H, bm, D))
-            for start in range(lo, hi, block_n):
-                kpos = torch.arange(start, start + block_n)
-                valid = kpos < hi
-                idx = kpos.clamp(max=hi - 1)
-                slots = torch.tensor([pages[p // page] for p in idx.tolist()]) * page + idx % page
-                k = k_cache.reshape(-1, kvh, D)[slots].float() * valid[:, None, None]
-                v = v_cache.reshape(-1, kvh, D)[slots].float() * valid[:, None, None]
-                k = k.transpose(0, 1).repeat_interleave(group, 0)  # [H, BN, D]
-                v = v.transpose(0, 1).repeat_interleave(group, 0)
-                s = torch.bmm(qt, k.transpose(1, 2)) * scale  # [H, BM, BN] on fixed shapes
-                s = torch.where(kpos[None, None, :] <= row_pos[None, :, None], s, float("-inf"))
-                m_new = torch.maximum(mj, s.amax(-1))
-                m_safe = torch.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = torch.exp(mj - m_safe)
-                p = torch.exp(s - m_safe[..., None])
-                pv = p if q.dtype == torch.float32 else p.to(q.dtype).float()  # the weights the output sums
-                lj = lj * alpha + pv.sum(-1)
-                aj = aj * alpha[..., None] + torch.bmm(pv, v)
-                mj = m_new
-            rows = slice(q0, q0 + n_rows)
-            m[rows, :, j] = mj[:, :n_rows].t()
-            lsum[rows, :, j] = lj[:, :n_rows].t()
-            o[rows, :, j] = aj[:, :n_rows].transpose(0, 1)
-    n = (meta.token_pos.long() // split_size + 1)[:, None]  # [T, 1] splits per row
-    mx = m[:, :, 0].clone()
-    for j in range(1, ns):
-        mx = torch.where(j < n, torch.maximum(mx, m[:, :, j]), mx)
-    total = torch.zeros((T, H))
-    acc = torch.zeros((T, H, D))
-    for j in range(ns):  # splits in order; rows with fewer splits keep their values exactly
-        w = torch.exp(m[:, :, j] - mx)
-        total = torch.where(j < n, total + lsum[:, :, j] * w, total)
-        acc = torch.where((j < n)[..., None], acc + o[:, :, j] * w[..., None], acc)
-    out.copy_((acc / total[..., None]).to(out.dtype))
     return out
 
 

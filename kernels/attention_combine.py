@@ -20,13 +20,13 @@ def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, pos_ptr, lse_ptr, stride_mt, s
     still add split j after split j - 1, the same operations as the plain loop (`tests/combine_cases.py`
     holds the two to the same bits). A trip's splits past the row's last re-load that one and leave
     the sums as they were."""
-    pdl_enter(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
     span = split_len
     if SPLIT > 0:  # a pinned split size, compiled in (as the attention kernel's)
         span = SPLIT
-    n = tl.load(pos_ptr + t) // span + 1
+    n = tl.load(pos_ptr + t) // span + 1  # the row's position is host-fed (`pdl`): read before the wait
+    pdl_enter(PDL)
     d = tl.arange(0, HEAD_DIM)
     ks = tl.arange(0, UNROLL)
     base = t * stride_mt + h * stride_mh
@@ -57,12 +57,12 @@ def _combine_heads_kernel(m_ptr, l_ptr, o_ptr, out_ptr, pos_ptr, lse_ptr, stride
     each (head, value) element takes the same operations in the same order as there, split after split, so
     the same bits; a prefill of T rows launches T programs instead of T x heads one-warp programs, each of
     which waits on its own chain of loads (the maxima, then the sums)."""
-    pdl_enter(PDL)
     t = tl.program_id(0)
     span = split_len
     if SPLIT > 0:  # a pinned split size, compiled in (as the attention kernel's)
         span = SPLIT
-    n = tl.load(pos_ptr + t) // span + 1
+    n = tl.load(pos_ptr + t) // span + 1  # (before the wait, as `_combine_kernel`'s)
+    pdl_enter(PDL)
     d = tl.arange(0, HEAD_DIM)
     h = tl.arange(0, HEADS_P2)
     live_h = h < HEADS

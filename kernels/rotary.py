@@ -72,16 +72,24 @@ def rope_cos_sin(config: Any, max_positions: int, device: torch.device | str,
 
 
 @triton.jit
-def _rotate(row, d, valid, pos, cos_ptr, sin_ptr, ROT_DIM: tl.constexpr):
-    """One token's values at `row + d` (d: dims of each lane's head), rotated; d >= ROT_DIM pass through."""
-    half = ROT_DIM // 2
+def _cos_sin(d, valid, pos, cos_ptr, sin_ptr, ROT_DIM: tl.constexpr):
+    """The cos and sin (fp32) at position `pos` for dims `d`: the rope table, no kernel's output, so a kernel reads
+    them before its wait (`pdl_enter`; `pdl`'s host-fed reads)."""
     rotated = valid & (d < ROT_DIM)
+    c = tl.load(cos_ptr + pos * ROT_DIM + d, mask=rotated, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + pos * ROT_DIM + d, mask=rotated, other=0.0).to(tl.float32)
+    return c, s
+
+
+@triton.jit
+def _rotate(row, d, valid, c, s, ROT_DIM: tl.constexpr):
+    """One token's values at `row + d` (d: dims of each lane's head), rotated by `_cos_sin`'s c and s; d >= ROT_DIM
+    pass through."""
+    half = ROT_DIM // 2
     partner = tl.where(d < half, d + half, d - half)
     x = tl.load(row + d, mask=valid, other=0.0)
     dtype = x.dtype
-    xp = tl.load(row + partner, mask=rotated, other=0.0).to(tl.float32)
-    c = tl.load(cos_ptr + pos * ROT_DIM + d, mask=rotated, other=0.0).to(tl.float32)
-    s = tl.load(sin_ptr + pos * ROT_DIM + d, mask=rotated, other=0.0).to(tl.float32)
+    xp = tl.load(row + partner, mask=valid & (d < ROT_DIM), other=0.0).to(tl.float32)
     xr = tl.where(d < half, -xp, xp)  # rotate_half: (-x2, x1); negation is exact in any dtype
     a = (x.to(tl.float32) * c).to(dtype)
     b = (xr * s).to(dtype)
@@ -92,13 +100,14 @@ def _rotate(row, d, valid, pos, cos_ptr, sin_ptr, ROT_DIM: tl.constexpr):
 @triton.jit
 def _rotary_kernel(x_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, tok_stride, head_stride, n_heads,
                    HEAD_DIM: tl.constexpr, ROT_DIM: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    pdl_enter(PDL)
     tok = tl.program_id(0).to(tl.int64)
     idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # flat over (head, dim) of one token
     valid = idx < n_heads * HEAD_DIM
-    pos = tl.load(pos_ptr + tok).to(tl.int64)
+    # the positions and the rope table before the wait (host-fed: `pdl`), the predecessor's x after it
+    c, s = _cos_sin(idx % HEAD_DIM, valid, tl.load(pos_ptr + tok).to(tl.int64), cos_ptr, sin_ptr, ROT_DIM)
+    pdl_enter(PDL)
     row = x_ptr + tok * tok_stride + (idx // HEAD_DIM) * head_stride
-    y = _rotate(row, idx % HEAD_DIM, valid, pos, cos_ptr, sin_ptr, ROT_DIM)
+    y = _rotate(row, idx % HEAD_DIM, valid, c, s, ROT_DIM)
     tl.store(out_ptr + tok * n_heads * HEAD_DIM + idx, y, mask=valid)
 
 
@@ -107,22 +116,26 @@ def _rotary_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_pt
                          sin_ptr, q_tok_stride, q_head_stride, k_tok_stride, k_head_stride, v_tok_stride,
                          v_head_stride, n_heads, n_kv_heads, q_programs, HEAD_DIM: tl.constexpr,
                          ROT_DIM: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    pdl_enter(PDL)
     tok = tl.program_id(0).to(tl.int64)
     pid = tl.program_id(1)
+    # the position, the slot and the rope table before the wait (host-fed: `pdl`), q, k and v after it
     pos = tl.load(pos_ptr + tok).to(tl.int64)
     if pid < q_programs:  # the token's q heads, rotated into q_out
         idx = pid * BLOCK + tl.arange(0, BLOCK)
         valid = idx < n_heads * HEAD_DIM
+        c, s = _cos_sin(idx % HEAD_DIM, valid, pos, cos_ptr, sin_ptr, ROT_DIM)
+        pdl_enter(PDL)
         row = q_ptr + tok * q_tok_stride + (idx // HEAD_DIM) * q_head_stride
-        y = _rotate(row, idx % HEAD_DIM, valid, pos, cos_ptr, sin_ptr, ROT_DIM)
+        y = _rotate(row, idx % HEAD_DIM, valid, c, s, ROT_DIM)
         tl.store(q_out_ptr + tok * n_heads * HEAD_DIM + idx, y, mask=valid)
     else:  # its k heads rotated, and its v heads as they are, into the caches at its slot
         idx = (pid - q_programs) * BLOCK + tl.arange(0, BLOCK)
         valid = idx < n_kv_heads * HEAD_DIM
         head, d = idx // HEAD_DIM, idx % HEAD_DIM
         at = tl.load(slot_ptr + tok).to(tl.int64) * n_kv_heads * HEAD_DIM + idx
-        y = _rotate(k_ptr + tok * k_tok_stride + head * k_head_stride, d, valid, pos, cos_ptr, sin_ptr, ROT_DIM)
+        c, s = _cos_sin(d, valid, pos, cos_ptr, sin_ptr, ROT_DIM)
+        pdl_enter(PDL)
+        y = _rotate(k_ptr + tok * k_tok_stride + head * k_head_stride, d, valid, c, s, ROT_DIM)
         tl.store(k_cache_ptr + at, y, mask=valid)
         v = tl.load(v_ptr + tok * v_tok_stride + head * v_head_stride + d, mask=valid)
         tl.store(v_cache_ptr + at, v, mask=valid)

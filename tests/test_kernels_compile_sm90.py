@@ -117,3 +117,46 @@ def test_the_resident_rmsnorm_row_compiles_for_sm90_without_spilling():
         loads[resident] = len(re.findall(r"\bld\.global", kernel.asm["ptx"]))
     assert loads[1] < loads[0] and loads[2] == 2 * loads[1], loads
 
+
+
+def _around_the_wait(ptx: str) -> tuple[int, int, int]:
+    """(global loads before a kernel's first `griddepcontrol.wait`, global loads after it, global stores before it)
+    in its PTX, predicated or not."""
+    ops = re.findall(r"^\s*(?:@%p\d+\s+)?(ld\.global|st\.global|griddepcontrol\.wait)", ptx, re.M)
+    wait = ops.index("griddepcontrol.wait")
+    return ops[:wait].count("ld.global"), ops[wait:].count("ld.global"), ops[:wait].count("st.global")
+
+
+def test_the_host_fed_loads_run_before_the_wait():
+    """Under PDL the decode attention reads its metadata (the tile's request and first query, the query offsets,
+    the cached length) and its first block's pages before `griddepcontrol.wait`, while the predecessor runs, and
+    q and the KV blocks after it; the rotary store its position and rope rows before and q, k, v after; the
+    combine its row's position before and the partials after. No store before a wait (`pdl`; `test_pdl.py`
+    checks the source, this the compiled order). Control: the partials' and the caches' loads follow the wait."""
+    compile_ = load("sm90_compile")
+    from detent_rl.kernels.attention import _attention_kernel
+    from detent_rl.kernels.attention_combine import _combine_kernel
+    from detent_rl.kernels.rotary import _rotary_store_kernel
+    fp32 = ("m_ptr", "l_ptr", "o_ptr", "lse_ptr")
+    args = {n: ("*bf16" if n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr") else "*fp32" if n in fp32 else "*i32")
+            if n.endswith("_ptr") else "fp32" if n == "scale" else "i32" for n in _attention_kernel.arg_names
+            if n.islower()}
+    for block_n, prefetch in ((128, False), (64, True)):  # D1's decode tile; the prefetched loop's
+        consts = dict(GROUP=7, PACK=7, PAGE=128, HEAD_DIM=64, BLOCK_M=16, BLOCK_N=block_n, SPLIT=128, IEEE=False,
+                      UPCAST=False, PREFETCH=prefetch, DIRECT=False, LSE=False, TREE_SUM=False, PDL=True)
+        before, after, stores = _around_the_wait(compile_.compile_sm90(_attention_kernel, args, consts, 4, 2)
+                                                 .asm["ptx"])
+        # five metadata loads and the pages: one load where a block's keys share a page, a load a key in the
+        # prefetched loop's two blocks of 64 (Triton 3.9); then q and the blocks' keys and values
+        assert (before == 6 if not prefetch else before > 6) and after > 0 and stores == 0, (prefetch, before, after)
+    args = {n: ("*i32" if n == "pos_ptr" else "*bf16" if n == "out_ptr" else "*fp32") if n.endswith("_ptr")
+            else "i32" for n in _combine_kernel.arg_names if n.islower()}
+    ptx = compile_.compile_sm90(_combine_kernel, args, dict(HEAD_DIM=64, UNROLL=4, LSE=False, PDL=True, SPLIT=128),
+                                1, 1).asm["ptx"]
+    assert _around_the_wait(ptx)[0] == 1 and _around_the_wait(ptx)[1] > 0 and _around_the_wait(ptx)[2] == 0
+    args = {n: ("*i64" if n in ("pos_ptr", "slot_ptr") else "*bf16") if n.endswith("_ptr") else "i32"
+            for n in _rotary_store_kernel.arg_names if n.islower()}
+    ptx = compile_.compile_sm90(_rotary_store_kernel, args, dict(HEAD_DIM=64, ROT_DIM=64, BLOCK=1024, PDL=True), 4,
+                                1).asm["ptx"]
+    before, after, stores = _around_the_wait(ptx)
+    assert before == 3 and after > 0 and stores == 0, (before, after, stores)

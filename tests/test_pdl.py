@@ -1,8 +1,11 @@
 """Programmatic dependent launch (`kernels/_triton.pdl`) is safe only if every kernel launched with it
-waits for its predecessor before it touches memory: each Triton kernel of ours must take the `PDL`
-constexpr and begin with `pdl_enter(PDL)`, and each launch must pass `**pdl(...)` (which sets `PDL`
-and `launch_pdl` together). Checked on the source, so a new kernel that forgets either fails here.
-The bits with PDL on are the GPU tests' (docs/BENCHMARKS.md)."""
+waits for its predecessor before it writes, or reads what a kernel of the step may have written: each
+Triton kernel of ours must take the `PDL` constexpr and call `pdl_enter(PDL)` on every path before any
+store and before any load but of the host-fed pointers it is allowed (`HOST_FED`: the step's uploaded
+metadata and the rope table, read while the predecessor runs), and each launch must pass `**pdl(...)`
+(which sets `PDL` and `launch_pdl` together). Checked on the source, so a new kernel that forgets
+either, or an early load of another pointer, fails here. The bits with PDL on are the GPU tests'
+(docs/BENCHMARKS.md)."""
 from __future__ import annotations
 
 import ast
@@ -42,22 +45,91 @@ def _subscript_launches(tree: ast.Module, names: set[str]) -> list[ast.Call]:
             and isinstance(n.func.value, ast.Name) and n.func.value.id in names]
 
 
-def test_every_kernel_waits_first_and_every_launch_passes_pdl():
-    seen = 0
+# kernel -> the pointers it reads before its wait: none of them written by the step's kernels after its upload (the
+# attention's metadata and block table, the combine's token positions, the rotary kernels' positions, slots and the
+# rope table; `pdl`'s docstring)
+HOST_FED = {
+    "_attention_kernel": {"tile_req_ptr", "tile_q0_ptr", "cu_q_ptr", "pos0_ptr", "bt_ptr"},
+    "_combine_kernel": {"pos_ptr"},
+    "_combine_heads_kernel": {"pos_ptr"},
+    "_rotary_kernel": {"pos_ptr", "cos_ptr", "sin_ptr"},
+    "_rotary_store_kernel": {"pos_ptr", "slot_ptr", "cos_ptr", "sin_ptr"},
+}
+WAIT = "pdl_enter(PDL)"
+
+
+def _before_wait(body: list[ast.stmt], where: str) -> list[ast.stmt]:
+    """The statements of `body` that run before its wait: those ahead of a `pdl_enter(PDL)` statement, or ahead of
+    an `if` whose branches each wait (and each branch's own). AssertionError if some path reaches no wait."""
+    body = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    for i, stmt in enumerate(body):
+        if ast.unparse(stmt) == WAIT:
+            return body[:i]
+        if isinstance(stmt, ast.If) and WAIT in ast.unparse(stmt):
+            assert stmt.orelse, f"{where}: an `if` waits in one branch only"
+            return body[:i] + [stmt.test] + _before_wait(stmt.body, where) + _before_wait(stmt.orelse, where)
+        assert WAIT not in ast.unparse(stmt), f"{where}: waits inside {type(stmt).__name__}, not on every path"
+    raise AssertionError(f"{where}: no path waits")
+
+
+def _early_access(f: ast.FunctionDef) -> tuple[set[str], list[str]]:
+    """(the pointer parameters `f` touches before its wait, the stores it makes there)."""
+    early = _before_wait(f.body, f.name)
+    pointers = {a.arg for a in f.args.args if a.arg.endswith("_ptr")}
+    names = {n.id for s in early for n in ast.walk(s) if isinstance(n, ast.Name)}
+    stores = [ast.unparse(n) for s in early for n in ast.walk(s) if isinstance(n, ast.Call)
+              and ast.unparse(n.func).split(".")[-1] in ("store", "atomic_add", "atomic_xchg", "atomic_cas")]
+    return names & pointers, stores
+
+
+def test_every_kernel_waits_before_the_steps_memory_and_every_launch_passes_pdl():
+    seen, early = 0, set()
     for path in sorted(KERNELS.rglob("*.py")):
         tree = ast.parse(path.read_text())
         kernels = _jit_kernels(tree)
         for name, f in kernels.items():
             assert "PDL" in [a.arg for a in f.args.args], f"{path.name}: {name} has no PDL parameter"
-            body = [s for s in f.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-            assert ast.unparse(body[0]) == "pdl_enter(PDL)", \
-                f"{path.name}: {name} must begin with pdl_enter(PDL), begins with {ast.unparse(body[0])!r}"
+            pointers, stores = _early_access(f)
+            assert not stores, f"{path.name}: {name} stores before its wait: {stores}"
+            assert pointers <= HOST_FED.get(name, set()), \
+                f"{path.name}: {name} reads {sorted(pointers - HOST_FED.get(name, set()))} before its wait"
+            early |= {name} if pointers else set()
         for call in _launches(tree, set(kernels)):
             passed = [ast.unparse(k.value) for k in call.keywords if k.arg is None]
             assert any(p.startswith("pdl(") for p in passed), \
                 f"{path.name}:{call.lineno}: {call.args[0].id} launched without **pdl(...)"
             seen += 1
     assert seen >= 13  # every launch site of the kernel modules was looked at
+    assert early == set(HOST_FED), f"allowed early reads that no kernel makes: {set(HOST_FED) - early}"
+
+
+def test_the_wait_check_refuses_an_early_read_of_the_predecessors_output():
+    """Control: a kernel that loads its input (the predecessor's output) before the wait, one that stores before
+    it, and one that waits in one branch only, each fail the check above."""
+    src = """
+def _k(x_ptr, pos_ptr, out_ptr, PDL: tl.constexpr):
+    p = tl.load(pos_ptr)
+    x = tl.load(x_ptr + p)
+    pdl_enter(PDL)
+    tl.store(out_ptr, x)
+
+def _s(pos_ptr, out_ptr, PDL: tl.constexpr):
+    tl.store(out_ptr, tl.load(pos_ptr))
+    pdl_enter(PDL)
+
+def _b(pos_ptr, PDL: tl.constexpr):
+    if tl.program_id(0) > 0:
+        pdl_enter(PDL)
+"""
+    k, st, b = ast.parse(src).body
+    assert _early_access(k) == ({"x_ptr", "pos_ptr"}, [])
+    assert _early_access(st)[1] == ["tl.store(out_ptr, tl.load(pos_ptr))"]
+    try:
+        _early_access(b)
+    except AssertionError as e:
+        assert "one branch only" in str(e)
+    else:
+        raise AssertionError("a wait in one branch only passed")
 
 
 def test_every_launch_goes_through_launch():
