@@ -65,7 +65,7 @@ def pdl(t: torch.Tensor) -> dict:
     was in memory before its predecessor started: host-fed inputs (a step's uploaded metadata:
     positions, slots, block tables, query offsets and tiles, whose writers are copies or kernels at
     least two launches back, complete before the predecessor passed its own wait) and tables fixed at
-    load (the rope table). The attention, its combine and the rotary kernels read those so, and their
+    load (the rope table). The attention, its combine and the rotary store read those so, and their
     chains of dependent loads then run while the predecessor does. It moves when a load is issued,
     never what it loads or computes: bit-neutral.
     Off on the CPU, under the interpreter, before sm_90, and with DETENT_PDL=0 (A/B measurements).

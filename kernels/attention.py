@@ -269,7 +269,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     dot sums (p rounded once), so the normaliser is the numerator's own. `tree_sum` runs the former
     `tl.sum` (the tests' control, and the stock arm's sum in 128-key tiles, where it is faster); the CPU
     path has the one arithmetic. `out`: the [T, H, D] tensor to write into (a view of a larger buffer: the
-    rows a step's graphed pieces read, `rollout/step_graphs.py`); a new one by default."""
+    rows a step's graphed pieces read, `rollout/step_graphs.py`); a new one by default. Under PDL the kernels
+    read `meta`'s tensors before they wait for the launch before them (`pdl`): none may be that launch's output."""
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride(2) != 1:

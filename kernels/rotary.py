@@ -73,8 +73,8 @@ def rope_cos_sin(config: Any, max_positions: int, device: torch.device | str,
 
 @triton.jit
 def _cos_sin(d, valid, pos, cos_ptr, sin_ptr, ROT_DIM: tl.constexpr):
-    """The cos and sin (fp32) at position `pos` for dims `d`: the rope table, no kernel's output, so a kernel reads
-    them before its wait (`pdl_enter`; `pdl`'s host-fed reads)."""
+    """The cos and sin (fp32) at position `pos` for dims `d` (the rotary store reads them before its wait: the
+    rope table and the step's positions are host-fed, `pdl`)."""
     rotated = valid & (d < ROT_DIM)
     c = tl.load(cos_ptr + pos * ROT_DIM + d, mask=rotated, other=0.0).to(tl.float32)
     s = tl.load(sin_ptr + pos * ROT_DIM + d, mask=rotated, other=0.0).to(tl.float32)
@@ -100,12 +100,12 @@ def _rotate(row, d, valid, c, s, ROT_DIM: tl.constexpr):
 @triton.jit
 def _rotary_kernel(x_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, tok_stride, head_stride, n_heads,
                    HEAD_DIM: tl.constexpr, ROT_DIM: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    # (waits first: the trainer's backward negates `sin` in the launch just before this one)
+    pdl_enter(PDL)
     tok = tl.program_id(0).to(tl.int64)
     idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # flat over (head, dim) of one token
     valid = idx < n_heads * HEAD_DIM
-    # the positions and the rope table before the wait (host-fed: `pdl`), the predecessor's x after it
     c, s = _cos_sin(idx % HEAD_DIM, valid, tl.load(pos_ptr + tok).to(tl.int64), cos_ptr, sin_ptr, ROT_DIM)
-    pdl_enter(PDL)
     row = x_ptr + tok * tok_stride + (idx // HEAD_DIM) * head_stride
     y = _rotate(row, idx % HEAD_DIM, valid, c, s, ROT_DIM)
     tl.store(out_ptr + tok * n_heads * HEAD_DIM + idx, y, mask=valid)
@@ -211,7 +211,8 @@ def rotary_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
     """`apply_rotary`'s new q; its new k, and v, written into the caches at `slots` as `store_kv` writes them.
 
     One launch on the GPU (the decode step's rotary and cache store, per layer), the same elementwise
-    ops and roundings as the two calls; the CPU makes the two calls.
+    ops and roundings as the two calls; the CPU makes the two calls. Under PDL the kernel reads `positions`,
+    `slots`, `cos` and `sin` before it waits for the launch before it (`pdl`): none may be that launch's output.
     """
     _check_rotary(q, k, positions, cos, sin, block)
     check_store(k, v, k_cache, v_cache, slots)

@@ -46,13 +46,12 @@ def _subscript_launches(tree: ast.Module, names: set[str]) -> list[ast.Call]:
 
 
 # kernel -> the pointers it reads before its wait: none of them written by the step's kernels after its upload (the
-# attention's metadata and block table, the combine's token positions, the rotary kernels' positions, slots and the
-# rope table; `pdl`'s docstring)
+# attention's metadata and block table, the combine's token positions, the rotary store's positions, slots and the
+# rope table; `pdl`'s docstring). Not `_rotary_kernel`: the trainer's backward passes it a `sin` negated just before
 HOST_FED = {
     "_attention_kernel": {"tile_req_ptr", "tile_q0_ptr", "cu_q_ptr", "pos0_ptr", "bt_ptr"},
     "_combine_kernel": {"pos_ptr"},
     "_combine_heads_kernel": {"pos_ptr"},
-    "_rotary_kernel": {"pos_ptr", "cos_ptr", "sin_ptr"},
     "_rotary_store_kernel": {"pos_ptr", "slot_ptr", "cos_ptr", "sin_ptr"},
 }
 WAIT = "pdl_enter(PDL)"
