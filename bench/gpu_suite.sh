@@ -5,7 +5,7 @@
 # Usage, from the repository root: bash bench/gpu_suite.sh [test files...]   (default: all of tests/)
 # BENCHES="bench/a.py; bench/b.py --flag" picks the benchmark commands, ';'-separated (default: every
 # bench/kernels_*_bench.py); an entry may be `-m module args`. BENCH_TIMEOUT=S stops each one after S s,
-# TEST_TIMEOUT=S each test file's pytest.
+# TEST_TIMEOUT=S each test file's pytest; TEST_K="expr" passes `-k expr` to each (a few tests of a long file).
 set -uo pipefail
 root=$(pwd)
 out=${OUT:-/tmp/gpu_suite}
@@ -19,9 +19,11 @@ if [ $# -eq 0 ]; then set -- tests; fi
 # in the log: a call stopped at its limit still says which tests passed
 status=0
 : > "$out/gpu_tests.log"
+select=()
+if [ -n "${TEST_K:-}" ]; then select=(-k "$TEST_K"); fi
 for f in "$@"; do
-    timeout "${TEST_TIMEOUT:-0}" python3 -P -m pytest -m gpu -v -p no:cacheprovider -rs --durations=5 "$f" \
-        > "$out/one_file.log" 2>&1
+    timeout "${TEST_TIMEOUT:-0}" python3 -P -m pytest -m gpu -v -p no:cacheprovider -rs --durations=5 \
+        ${select[@]+"${select[@]}"} "$f" > "$out/one_file.log" 2>&1
     rc=$?
     cat "$out/one_file.log" >> "$out/gpu_tests.log"
     [ $rc -eq 5 ] && rc=0  # no GPU test in that file
