@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# session 57, call C (prepared in session 56), from wip/early-weights's checkout; carry .devrun. The decode tiles'
-# first weight block before the PDL wait, off (DETENT_EARLY_W=0) against on (the default), each in its own process,
-# alternating: decode-1 0.5B twice, the 1.5B's decode-1, decode-32 with the long case. Each run's rows printed and
-# its bench.md kept.
+# session 57, call C (prepared in session 56), from wip/early-weights's checkout; carry .devrun. Weights before the
+# PDL wait (the decode tiles' first block, RMSNorm's held rows), off (DETENT_EARLY_W=0) against on (the default),
+# each in its own process, alternating: decode-1 0.5B twice, the 1.5B's decode-1, decode-32 with the long case. Each
+# run's rows printed and its bench.md kept.
 set -u
 T_START=$(date +%s)
 export PYTHONPATH=$(bash bench/link_package.sh .) DETENT_CACHE_DIR=/tmp/selir-ew PYTHONUNBUFFERED=1
