@@ -283,7 +283,8 @@ def sample_unfiltered(logits: torch.Tensor, seeds: torch.Tensor, positions: torc
     _check_rows(logits, {"seeds": (seeds, (torch.int64,)), "positions": (positions, (torch.int64,)),
                          "temps": (temps, (torch.float32,))})
     if not (temperature > 0 and temperature != float("inf")):
-        raise ValueError(f"temperature must be finite and > 0 (greedy rows use 1.0 for their logprob), got {temperature}")
+        raise ValueError(f"temperature must be finite and > 0 (greedy rows use 1.0 for their logprob), "
+                         f"got {temperature}")
     check_block(block)
     if use_triton(logits):  # one pass over the vocabulary samples and takes the logprob
         out = _sample_triton(logits, seeds, positions, temps, None, block, num_warps, temperature)
