@@ -116,3 +116,32 @@ def test_the_gpu_probes_site_setup_and_baseline_on_the_cpu():
                                                         lambda fn: timed.append(fn()) or 1.0)
         assert same and chosen["chunk"] == 640 and cublas == selected == 1.0
     assert [t.shape[0] for t in timed] == [1, 1, 17, 17, 48, 48]
+
+
+def test_launch_ablation_probe_leaves_each_family_out_and_puts_it_back(monkeypatch):
+    """`bench/launch_ablation_probe.py`: a variant's decode steps call none of its families' kernels and the others'
+    as before (control: the plain variant calls all three), and the kernels are restored after each variant."""
+    from collections import Counter
+
+    from detent_rl.kernels import matmul
+    from detent_rl.models import layers, load_model
+    from detent_rl.models.builtin import builtin_checkpoint
+    probe = load("launch_ablation_probe")
+    assert [name for name, _ in probe.variants("norm,all")] == ["plain", "norm", "all"]
+    with pytest.raises(SystemExit, match="'nope' is not one of norm, silu, rotary, reduce, all"):
+        probe.variants("norm,nope")
+    calls = Counter()
+    names = {"norm": "rmsnorm_autograd", "silu": "silu_and_mul_autograd", "rotary": "rotary_store_autograd"}
+    for family, name in names.items():
+        real = getattr(layers, name)
+        monkeypatch.setattr(layers, name, lambda *a, _f=family, _real=real, **k: calls.update([_f]) or _real(*a, **k))
+    held = {name: getattr(layers, name) for name in names.values()} | {"reduce": matmul.combine_splits}
+    model = load_model(builtin_checkpoint("tiny"), "detent", device="cpu", dtype=torch.float32, max_context=64,
+                       max_batch=4, max_num_tokens=256)
+    probe.finite_logits(model)
+    for families in ((), ("norm",), ("silu", "rotary"), probe.FAMILIES):
+        calls.clear()
+        assert probe.step_ms(model, 1, 8, 3, families) > 0
+        assert all(calls[f] == 0 for f in families) and all(calls[f] > 0 for f in names if f not in families), \
+            (families, calls)
+        assert {name: getattr(layers, name) for name in names.values()} | {"reduce": matmul.combine_splits} == held
