@@ -118,6 +118,17 @@ def _kernel_table(arms: dict, top: int = 12) -> list[str]:
     return out
 
 
+def _each_round(results: dict, case: str, arm: str) -> str:
+    """`; rounds a, b, c`: the arm's own figure in each round, in run order (where there were rounds). A paired ratio
+    hides which side of it moved: an arm that runs slower after other arms ran in its process shows here."""
+    rounds = [r[case][arm] for r in results.get("rounds", ()) if arm in r.get(case, {})]
+    if len(rounds) < 2:
+        return ""
+    if case == "grpo":
+        return "; rounds " + ", ".join(f"{r['tok_per_s']:,.0f}" for r in rounds)
+    return "; rounds " + ", ".join(f"{r[MAIN_METRIC[case]]:.3f}" for r in rounds)
+
+
 def render(results: dict) -> str:
     rounds = len(results.get("rounds", ())) or 1
     head = "time vs stock" if rounds == 1 else f"time vs stock, median of {rounds} rounds (each round's)"
@@ -163,6 +174,7 @@ def render(results: dict) -> str:
             else:
                 text = f"{r['ms_per_step']:.3f} ms/step" + (f", {r['roofline_pct']:.0f} % of roofline"
                                                             if "roofline_pct" in r else "")
+            text += _each_round(results, case, arm)
             label = f"{arm} (PDL {r['pdl']})" if baseline(arm) == arm and "pdl" in r else arm
             each = results.get("round_ratios", {}).get(case, {}).get(arm)
             spread = f" ({', '.join(f'{x:.2f}' for x in each)})" if each else ""

@@ -159,6 +159,12 @@ def test_rounds_pair_each_ratio_with_its_own_stock_run(tmp_path, capsys):
     assert "median of 3 rounds" in table and "ms/step)" in table and "rounds done" not in table
     median = sorted(data["round_ratios"]["grpo"]["detent"])[1]
     assert f"| {median:.2f}x (" in table
+    # each arm's own figure in every round, beside the paired ratios: which side of a ratio moved
+    for case, metric, fmt in (("decode-1", "ms_per_step", "{:.3f}"), ("grpo", "tok_per_s", "{:,.0f}"),
+                              ("poisson", "p50_ms", "{:.3f}")):
+        for arm in ("stock", "detent"):
+            each = ", ".join(fmt.format(r[case][arm][metric]) for r in data["rounds"])
+            assert f"; rounds {each} |" in table, (case, arm)
 
 
 def test_arrivals_are_a_seeded_poisson_process_and_bad_arguments_are_refused(tmp_path, capsys):
