@@ -42,7 +42,8 @@ linears are cuBLAS's either way) and keeps the faster run per case (on a CUDA de
 `--rounds R` runs the arms R times in turn in the one process, each round starting at the next arm (the
 first at stock) and serving the first round's Poisson arrivals; each ratio is then the median of the
 rounds' paired ratios (an arm over the same round's stock run), which a drift of the machine between
-rounds does not bias (`detent_rl/bench_report.py`).
+rounds does not bias (`detent_rl/bench_report.py`). `--isolate` runs each arm's run in a process of its own
+(`detent_rl/bench_isolate.py`), as a deployment runs one engine a process: no run meets what another left.
 
 `--step-graphs whole` (the default on a CUDA device, as `rollout.step_graphs` is: `auto`) runs every arm's prefill
 and mixed steps through whole-step CUDA graphs (`rollout/full_steps.py`: attention inside, one graph a padded size;
@@ -79,6 +80,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from detent_rl.bench_cases import QUICK, Bench, Shapes, copy_bandwidth, poisson_arrivals, trace_of, weight_bytes
+from detent_rl.bench_args import per_case_tokens, per_case_tuples
+from detent_rl.bench_isolate import isolated_round
 from detent_rl.bench_report import merge_rounds, plot, render, time_vs_stock, variant
 from detent_rl.cli_checks import model_on_device
 from detent_rl.kernels.commitment import CommitmentTuple
@@ -112,12 +115,32 @@ def deployment(arm: str, case: str, shapes: Shapes, limits: dict[str, dict[str, 
     return {**limits[case], "max_batch": min(slots, limits[case]["max_batch"])}
 
 
+def planned_runs(arms: tuple[str, ...], cases: list[str], shapes: Shapes, stock_pdl: tuple[str, ...],
+                 tuned: Optional[dict[str, str]], limits: dict[str, dict[str, int]], first: int = 0) -> list[tuple]:
+    """A round's runs in order, from the `first`-th: (arm, PDL setting, its cases, tuple file or None, deployment),
+    one model load each."""
+    def groups(arm: str, arm_cases: list[str]) -> list[tuple[list[str], dict[str, int]]]:
+        """The arm's cases by deployment, in their order."""
+        key = {c: tuple(sorted(deployment(arm, c, shapes, limits).items())) for c in arm_cases}
+        return [([c for c in arm_cases if key[c] == k], dict(k)) for k in dict.fromkeys(key.values())]
+    runs: list[tuple[str, str, list[str], Optional[str], dict[str, int]]] = []
+    for arm in arms:
+        if arm == "tuned":
+            files = list(dict.fromkeys((tuned or {})[c] for c in cases if c in (tuned or {})))
+            runs += [(arm, "on", group, f, lim) for f in files
+                     for group, lim in groups(arm, [c for c in cases if (tuned or {}).get(c) == f])]
+        else:
+            runs += [(arm, pdl, group, None, lim) for pdl in (stock_pdl if arm == "stock" else ("on",))
+                     for group, lim in groups(arm, cases)]
+    return runs[first % len(runs):] + runs[:first % len(runs)]
+
+
 def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_factor: float,
         log: Callable[[str], None] = print, arms: tuple[str, ...] = ARMS,
         stock_pdl: tuple[str, ...] = ("on", "off"), tuned: Optional[dict[str, str]] = None, *,
         limits: dict[str, dict[str, int]], first: int = 0, poisson_rate: Optional[float] = None,
         step_graphs: tuple[bool | str, ...] = (False,), gated_mlp: tuple[bool, ...] = (False,), kernels: bool = False,
-        ) -> dict:
+        only: Optional[int] = None) -> dict:
     """Every case in every arm; the results by case and arm.
 
     The stock arm runs once per `stock_pdl` setting of our kernels' programmatic dependent launch
@@ -163,20 +186,9 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
     if poisson_rate is not None:
         results["poisson_rate_per_s"] = poisson_rate
 
-    def groups(arm: str, arm_cases: list[str]) -> list[tuple[list[str], dict[str, int]]]:
-        """The arm's cases by deployment, in their order."""
-        key = {c: tuple(sorted(deployment(arm, c, shapes, limits).items())) for c in arm_cases}
-        return [([c for c in arm_cases if key[c] == k], dict(k)) for k in dict.fromkeys(key.values())]
-    runs: list[tuple[str, str, list[str], Optional[str], dict[str, int]]] = []
-    for arm in arms:
-        if arm == "tuned":
-            files = list(dict.fromkeys((tuned or {})[c] for c in cases if c in (tuned or {})))
-            runs += [(arm, "on", group, f, lim) for f in files
-                     for group, lim in groups(arm, [c for c in cases if (tuned or {}).get(c) == f])]
-        else:
-            runs += [(arm, pdl, group, None, lim) for pdl in (stock_pdl if arm == "stock" else ("on",))
-                     for group, lim in groups(arm, cases)]
-    runs = runs[first % len(runs):] + runs[:first % len(runs)]
+    runs = planned_runs(arms, cases, shapes, stock_pdl, tuned, limits, first)
+    if only is not None:  # one run of the round, in a process of its own (`--isolate`)
+        runs = [runs[only]]
     for arm, pdl, arm_cases, file, lim in runs:
         os.environ["DETENT_PDL"] = "1" if pdl == "on" else "0"  # read at each launch (and graph capture)
         model = load(arm, file, lim)
@@ -215,7 +227,7 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
                 if model.device.type != "cuda" or arm == "stock":
                     continue
                 r = {"sites": b.gemm()}
-            r["pdl"] = pdl
+            r["pdl"], r["pid"] = pdl, os.getpid()
             r["max_batch"] = model.selections.deployment.max_batch
             if file is not None:
                 r["commitment"] = str(file)
@@ -236,44 +248,6 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
         else:
             os.environ[key] = value
     return results
-
-
-def per_case_tuples(text: str, cases: list[str], error: Callable[[str], Any]) -> dict[str, str]:
-    """`--commitment`'s cases -> tuple files: FILE for every case, or CASE=FILE pairs, comma-separated."""
-    if "=" not in text:
-        return {c: text for c in cases}
-    out: dict[str, str] = {}
-    for part in (x.strip() for x in text.split(",") if x.strip()):
-        case, sep, file = part.partition("=")
-        if not sep or not file:
-            error(f"--commitment {text!r}: {part!r} is not CASE=FILE")
-        if case not in cases:
-            error(f"--commitment {text!r}: case {case!r} is not among this run's --cases ({', '.join(cases)})")
-        if case in out:
-            error(f"--commitment {text!r}: case {case!r} named twice")
-        out[case] = file
-    return out
-
-
-def per_case_tokens(text: str, cases: list[str], error: Callable[[str], Any]) -> dict[str, int]:
-    """`--max-num-tokens`: N for every case, then CASE=N pairs for a case with its own (comma-separated);
-    the default N under the key ""."""
-    out: dict[str, int] = {}
-    for part in (x.strip() for x in text.split(",") if x.strip()):
-        case, sep, value = part.rpartition("=")
-        if sep and case not in cases:
-            error(f"--max-num-tokens {text!r}: case {case!r} is not among this run's --cases ({', '.join(cases)})")
-        if case in out:
-            error(f"--max-num-tokens {text!r}: {'case ' + repr(case) if case else 'the default'} given twice")
-        try:
-            out[case] = int(value)
-        except ValueError:
-            error(f"--max-num-tokens {text!r}: {value!r} in {part!r} is not a whole number")
-        if out[case] < 1:
-            error(f"--max-num-tokens {text!r}: {part!r}: give 1 or more tokens")
-    if "" not in out:
-        error(f"--max-num-tokens {text!r}: give the default N first (then CASE=N for a case with its own)")
-    return out
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -318,6 +292,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "kernels/matmul_gated.py); off,on: both ways in the same run, as '<arm> + gated'")
     ap.add_argument("--kernels", action="store_true", help="poisson: serve the trace once more under the torch "
                     "profiler and report each arm's device time by kernel (on the CPU: by operator)")
+    ap.add_argument("--isolate", action="store_true",
+                    help="each run of a round (an arm's model load and its cases) in a process of its own, as a "
+                         "deployment runs one engine a process (detent_rl/bench_isolate.py); the rounds alternate")
+    ap.add_argument("--first", type=int, help=argparse.SUPPRESS)  # (an isolated run's round: bench_isolate.py)
+    ap.add_argument("--only", type=int, help=argparse.SUPPRESS)  # (an isolated run's index in its round)
     ap.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
     ap.add_argument("--out", required=True, help="folder for bench.md, bench.json, bench.png")
     args = ap.parse_args(argv)
@@ -375,11 +354,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     pieces = tuple("whole" if x == "whole" else x == "on" for x in graphs.split(","))
     done: list[dict] = []
     for i in range(args.rounds):  # the files are written after every round: a run cut short keeps what it finished
-        done.append(run(load, cases if i == 0 else [c for c in cases if c != "gemm"], shapes, args.load,
-                        arms=arms, stock_pdl=stock_pdl, tuned=tuned, limits=limits, first=i,
-                        poisson_rate=done[0].get("poisson_rate_per_s") if done else args.poisson_rate,
-                        step_graphs=pieces,
-                        gated_mlp=tuple(x == "on" for x in args.gated_mlp.split(",")), kernels=args.kernels))
+        first = i if args.first is None else args.first
+        round_cases = cases if first == 0 else [c for c in cases if c != "gemm"]
+        rate = done[0].get("poisson_rate_per_s") if done else args.poisson_rate
+        if args.isolate and args.only is None:
+            count = len(planned_runs(arms, round_cases, shapes, stock_pdl, tuned, limits, first))
+            done.append(isolated_round(sys.argv[1:] if argv is None else argv, first, count, round_cases, rate, out))
+        else:
+            done.append(run(load, round_cases, shapes, args.load, arms=arms, stock_pdl=stock_pdl, tuned=tuned,
+                            limits=limits, first=first, poisson_rate=rate, step_graphs=pieces,
+                            gated_mlp=tuple(x == "on" for x in args.gated_mlp.split(",")), kernels=args.kernels,
+                            only=args.only))
         results = merge_rounds(done)
         results.update(model=args.model, dtype=args.dtype, limits=limits, quick=args.quick, rounds_asked=args.rounds,
                        commitment={c: {"file": f, "sha256": tuples[f].sha256()} for c, f in tuned.items()} or None)

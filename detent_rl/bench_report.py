@@ -42,6 +42,8 @@ def ratio(results: dict, case: str, arm: str) -> float:
     rounds = results.get("round_ratios", {}).get(case, {}).get(arm)
     if rounds:
         return statistics.median(rounds)
+    if baseline(arm) not in results["cases"][case]:  # a run without its stock run (one isolated run: bench_isolate)
+        return float("nan")
     return time_vs_stock(case, results["cases"][case][arm], results["cases"][case][baseline(arm)])
 
 

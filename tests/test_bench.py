@@ -145,6 +145,9 @@ def test_rounds_pair_each_ratio_with_its_own_stock_run(tmp_path, capsys):
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["poisson_rate_per_s"] > 0 and all("poisson" in r for r in data["rounds"])
     assert len(data["rounds"]) == 3 and len(data["stock_runs"]["grpo"]) == 3
+    import os  # without --isolate every run is this process's (test_bench_isolate.py: each run its own)
+    assert {r[c][a]["pid"] for r in data["rounds"] for c in ("decode-1", "grpo") for a in ("stock", "detent")} == \
+        {os.getpid()}
     for case, metric in (("decode-1", "ms_per_step"), ("grpo", "tok_per_s")):
         stock = [r[case]["stock"][metric] for r in data["rounds"]]
         ours = [r[case]["detent"][metric] for r in data["rounds"]]
