@@ -153,7 +153,8 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
 
     The runs go in arm order from the `first`-th (stock's first: 0), so that rounds can each start at
     another arm: whatever a process's first run of a kernel meets (a compile, a cold cache) is not always
-    the same arm's. The Poisson trace's arrival rate is `poisson_rate`, else `load_factor` x stock's
+    the same arm's (`planned_runs`); `only` makes the one run of that index (`--isolate`: each run in a process of
+    its own, bench_isolate.py). The Poisson trace's arrival rate is `poisson_rate`, else `load_factor` x stock's
     offline rate, which then needs stock to run first. `step_graphs`: whether every arm's engines run prefill
     and mixed steps through piecewise graphs (`rollout/step_graphs.py`), as vLLM V1 does; (False, True) runs
     each arm both ways on the same model load, the graphed runs as arm `<arm> + pieces`, each against its own
