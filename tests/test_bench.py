@@ -198,35 +198,6 @@ def test_arrivals_are_a_seeded_poisson_process_and_bad_arguments_are_refused(tmp
         assert message in capsys.readouterr().err
 
 
-def test_decode_profile_counts_idle_time_where_no_kernel_span_is_open():
-    """`bench/decode_profile.py`'s gaps: under PDL spans overlap, and a span that opens later may close first;
-    the device is idle only where no span is open (the union's complement), and busy for the union."""
-    import importlib.util
-    from types import SimpleNamespace
-
-    import torch
-    bench = Path(__file__).resolve().parent.parent / "bench"
-    sys.path.insert(0, str(bench))
-    try:
-        spec = importlib.util.spec_from_file_location("decode_profile", bench / "decode_profile.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(bench))
-    cuda = torch.autograd.DeviceType.CUDA
-
-    def ev(name, start, end):
-        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), device_time=end - start,
-                               device_type=cuda)
-    # a long kernel with a short one inside it (PDL: resident early, done first), then a kernel 5 µs after the
-    # long one ends, then the host's 50 µs before the next step's first kernel
-    events = [ev("long", 0, 100), ev("short", 10, 20), ev("next", 105, 130), ev("step2", 180, 190)]
-    gaps = mod._gaps(SimpleNamespace(events=lambda: events), steps=1)
-    assert gaps["busy_us"] == 100 + 25 + 10
-    assert gaps["in_graph_us"] == 5 and gaps["pairs"] == [("long -> next", 5)]  # not 85 after "short"
-    assert gaps["host_us"] == 50
-
-
 def test_each_case_takes_its_own_tuple_and_a_bad_one_is_refused_before_any_arm_runs(tmp_path, capsys):
     """`--commitment CASE=FILE,...`: the tuned arm runs each named case with its tuple (one model a file) and no
     other case; a case not in the run, or a tuple of another deployment, is refused before anything runs."""

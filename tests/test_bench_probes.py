@@ -145,3 +145,22 @@ def test_launch_ablation_probe_leaves_each_family_out_and_puts_it_back(monkeypat
         assert all(calls[f] == 0 for f in families) and all(calls[f] > 0 for f in names if f not in families), \
             (families, calls)
         assert {name: getattr(layers, name) for name in names.values()} | {"reduce": matmul.combine_splits} == held
+
+
+def test_decode_profile_counts_idle_time_where_no_kernel_span_is_open():
+    """`bench/decode_profile.py`'s gaps: under PDL spans overlap, and a span that opens later may close first;
+    the device is idle only where no span is open (the union's complement), and busy for the union."""
+    from types import SimpleNamespace
+    mod = load("decode_profile")
+    cuda = torch.autograd.DeviceType.CUDA
+
+    def ev(name, start, end):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), device_time=end - start,
+                               device_type=cuda)
+    # a long kernel with a short one inside it (PDL: resident early, done first), then a kernel 5 µs after the
+    # long one ends, then the host's 50 µs before the next step's first kernel
+    events = [ev("long", 0, 100), ev("short", 10, 20), ev("next", 105, 130), ev("step2", 180, 190)]
+    gaps = mod._gaps(SimpleNamespace(events=lambda: events), steps=1)
+    assert gaps["busy_us"] == 100 + 25 + 10
+    assert gaps["in_graph_us"] == 5 and gaps["pairs"] == [("long -> next", 5)]  # not 85 after "short"
+    assert gaps["host_us"] == 50
