@@ -360,7 +360,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         rate = done[0].get("poisson_rate_per_s") if done else args.poisson_rate
         if args.isolate and args.only is None:
             count = len(planned_runs(arms, round_cases, shapes, stock_pdl, tuned, limits, first))
-            done.append(isolated_round(sys.argv[1:] if argv is None else argv, first, count, round_cases, rate, out))
+            done.append(isolated_round(sys.argv[1:] if argv is None else argv, first, count, cases, rate, out))
         else:
             done.append(run(load, round_cases, shapes, args.load, arms=arms, stock_pdl=stock_pdl, tuned=tuned,
                             limits=limits, first=first, poisson_rate=rate, step_graphs=pieces,

@@ -51,7 +51,9 @@ def merge_run(into: dict, child: dict) -> dict:
 
 def isolated_round(argv: list[str], first: int, count: int, cases: list[str], poisson_rate: Optional[float],
                    out: Path) -> dict:
-    """Round `first` (0-based) of `count` runs, each in a child process; the merged results, as `run` returns."""
+    """Round `first` (0-based) of `count` runs, each in a child process; the merged results, as `run` returns.
+    `cases` are the run's, gemm among them where asked: a child leaves gemm out past the first round itself, as one
+    process does (a `--commitment gemm=FILE` then still names one of its cases)."""
     merged: Optional[dict] = None
     for only in range(count):
         folder = out / "isolated" / f"round{first + 1}_run{only + 1}"

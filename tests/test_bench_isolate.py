@@ -54,3 +54,25 @@ def test_merge_keeps_the_faster_stock_run_and_names_each_child():
         "--arms", "stock,detent", "--rounds", "3", "--isolate", "--rounds", "1", "--first", "2", "--only", "1",
         "--cases", "decode-1", "--out", "x", "--poisson-rate", "4.5"]
     assert "--poisson-rate" not in child_command([], 0, 0, ["decode-1"], None, Path("x"))
+
+
+def test_isolated_rounds_keep_the_first_rounds_gemm_case_and_its_tuple(tmp_path):
+    """Past the first round a child leaves gemm out itself, as one process does, so `--commitment gemm=FILE` still
+    names one of its cases (control: the children's own command lines carry the run's cases whole)."""
+    import torch
+
+    from detent_rl.bench_cases import QUICK
+    from detent_rl.models import load_model
+    from detent_rl.models.builtin import builtin_checkpoint
+    longest = max(QUICK.decode_prompt + QUICK.decode_new, QUICK.poisson_prompt[1] + QUICK.poisson_new[1],
+                  QUICK.grpo[2] + QUICK.grpo[3])
+    model = load_model(builtin_checkpoint("tiny"), "detent", device="cpu", dtype=torch.float32,
+                       max_context=longest + 16, max_batch=64, max_num_tokens=8192)  # the quick run's limits
+    tuple_file = str(model.selections.resolved().save(tmp_path / "t.json"))
+    assert main(["--model", "tiny", "--device", "cpu", "--dtype", "float32", "--quick", "--arms", "stock,tuned",
+                 "--stock-pdl", "on", "--cases", "decode-1,gemm", "--commitment",
+                 f"decode-1={tuple_file},gemm={tuple_file}", "--rounds", "2", "--isolate",
+                 "--out", str(tmp_path / "run")]) == 0
+    data = json.loads((tmp_path / "run" / "bench.json").read_text())
+    assert len(data["rounds"]) == 2 and all("tuned" in r["decode-1"] for r in data["rounds"])
+    assert all("gemm" not in r for r in data["rounds"][1:])
