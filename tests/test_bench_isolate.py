@@ -58,7 +58,7 @@ def test_merge_keeps_the_faster_stock_run_and_names_each_child():
 
 def test_isolated_rounds_keep_the_first_rounds_gemm_case_and_its_tuple(tmp_path):
     """Past the first round a child leaves gemm out itself, as one process does, so `--commitment gemm=FILE` still
-    names one of its cases (control: the children's own command lines carry the run's cases whole)."""
+    names one of its cases (a child given the round's cases, gemm left out, refused that tuple)."""
     import torch
 
     from detent_rl.bench_cases import QUICK
