@@ -18,9 +18,9 @@ out of the step (its graphs captured anew with the family skipped), and the vari
 The outputs are garbage, so this measures time only, never bits. The logits pass through `torch.nan_to_num` in
 every variant, the plain one too (one launch more each, alike), so that garbage still samples a token in the
 vocabulary. The token count per request is fixed (`max_tokens`, no stop tokens), so every variant times the same
-number of steps. The saving is an upper bound for
-a fusion that removes the launches: the fused kernel does that work inside another kernel. Printed: ms per decode
-step per variant (median over rounds) and its difference from the plain step.
+number of steps. The saving is an upper bound for a fusion that removes the launches: the fused kernel does that
+work inside another kernel. Printed: ms per decode step per variant (median over rounds) and its difference from
+the plain step.
 """
 from __future__ import annotations
 
