@@ -22,6 +22,8 @@ resident while its predecessor drains, so kernel times can overlap: compare the 
 `--samples 8` repeats each prompt as the GRPO batch does, so the prefix cache serves the repeats), and
 `--host-top N` adds the host's costliest functions in it. `--commitment` adds the arm `tuned`. `--step-graphs`
 runs the prefill through piecewise graphs (`rollout/step_graphs.py`; captured in the untimed first run).
+`--by-slot` splits each decode kernel's row by its place in the layer: the linear's four sites a layer apart, and the
+launches after the layers (the last RMSNorm, the LM head) apart.
 `--gated-mlp off,on` runs each arm and batch without and with SiLU-and-mul in the gate/up projection's epilogue
 (DETENT_GATED_MLP; the stock arm's cuBLAS MLP ignores it), in one process.
 """
@@ -45,10 +47,11 @@ from detent_rl.rollout.engine import Engine
 from detent_rl.rollout.sequence import SamplingParams
 
 
-def profile_decode(engine: Engine, prompts: list[list[int]], steps: int,
-                   temperature: float = 0.0) -> tuple[float, float, dict, dict]:
+def profile_decode(engine: Engine, prompts: list[list[int]], steps: int, temperature: float = 0.0,
+                   layers: int = 0) -> tuple[float, float, dict, dict]:
     """(wall ms per step, GPU ms per step, {kernel: (launches per step, µs per step)}, gaps) over the
-    decode steps after every request's first token (greedy, or seeded sampling at `temperature`)."""
+    decode steps after every request's first token (greedy, or seeded sampling at `temperature`); with `layers`,
+    the kernels by their place in the layer (`_per_slot`)."""
     from torch.profiler import ProfilerActivity, profile
     params = [SamplingParams(seed=i, temperature=temperature, max_tokens=steps + 1) for i in range(len(prompts))]
     walls = sorted(decode_step_seconds(engine, prompts, params) for _ in range(4))[1:]  # the first warms up
@@ -57,7 +60,8 @@ def profile_decode(engine: Engine, prompts: list[list[int]], steps: int,
         while not engine.idle:
             engine.step()
         torch.cuda.synchronize()
-    return (1e3 * walls[1],) + _per_kernel(p, steps)
+    gpu, kernels, gaps = _per_kernel(p, steps)
+    return 1e3 * walls[1], gpu, _per_slot(p, steps, layers) if layers else kernels, gaps
 
 
 def profile_prefill(engine: Engine, prompts: list[list[int]], temperature: float = 0.0, host_top: int = 0,
@@ -92,6 +96,31 @@ def _per_kernel(p, steps: int) -> tuple[float, dict, dict]:
             k[1] += e.device_time
     kernels = {n: (c / steps, us / steps) for n, (c, us) in per.items()}
     return sum(us for _, us in kernels.values()) / 1e3, kernels, gaps
+
+
+def _per_slot(prof, steps: int, layers: int) -> dict:
+    """{kernel and its place in the layer: (launches, µs)} per step: a kernel launched n = a * layers + b times a step
+    (every step replays the same launches) has its launches in a step numbered by start time, the first a * layers
+    labelled by their place among the layer's a (in a Qwen2 layer the linear's four: qkv, o, gate_up, down) and the b
+    after them apart (the last RMSNorm, the LM head); one launched fewer than `layers` times a step, by its place in
+    the step. A kernel whose count is not a multiple of `steps` keeps one row.
+    It assumes a kernel's extra launches in a step come after its layer launches, as in a decode step."""
+    spans = defaultdict(list)
+    for e in prof.events():
+        if e.device_time > 0 and e.device_type == torch.autograd.DeviceType.CUDA:
+            spans[short(e.name)].append((e.time_range.start, e.device_time))
+    per = defaultdict(lambda: [0, 0.0])
+    for name, runs in spans.items():
+        n, rest = divmod(len(runs), steps)
+        a = n // layers if not rest else 0
+        for j, (_, us) in enumerate(sorted(runs)):
+            i = j % n if not rest else 0
+            label = (name if rest or n == 1 else f"{name} [{i + 1} of {n} a step]" if not a
+                     else f"{name} [{i % a + 1} of {a} a layer]" if i < a * layers
+                     else f"{name} [after the layers, {i - a * layers + 1}]")
+            per[label][0] += 1
+            per[label][1] += us
+    return {k: (c / steps, us / steps) for k, (c, us) in per.items()}
 
 
 def _gaps(prof, steps: int, host_gap_us: float = 20.0) -> dict:
@@ -152,6 +181,8 @@ def main() -> None:
     ap.add_argument("--gated-mlp", default="off", help="comma-separated off/on: the pinned arms' SiLU-and-mul in the "
                                                         "gate/up projection's epilogue, one run each "
                                                         "(DETENT_GATED_MLP, kernels/matmul_gated.py)")
+    ap.add_argument("--by-slot", action="store_true", help="decode: each kernel's rows by its place in the layer "
+                                                              "(the linear's qkv, o, gate_up and down apart)")
     ap.add_argument("--attention-split", default="", help="comma-separated KV split sizes to pin the detent arm's "
                                                             "attention to, one run each (default: its tuple's)")
     args = ap.parse_args()
@@ -191,7 +222,8 @@ def main() -> None:
             if args.phase == "prefill":
                 wall, gpu, kernels, gaps = profile_prefill(engine, prompts, args.temperature, args.host_top)
             else:
-                wall, gpu, kernels, gaps = profile_decode(engine, prompts, args.steps, args.temperature)
+                wall, gpu, kernels, gaps = profile_decode(engine, prompts, args.steps, args.temperature,
+                                                          model.config.num_hidden_layers if args.by_slot else 0)
             launches = sum(c for c, _ in kernels.values())
             unit = "prefill" if args.phase == "prefill" else "step"
             print(f"\n## {args.model}, arm {arm}, PDL {pdl}, one-split combine {combine}, gated MLP {gated}, "

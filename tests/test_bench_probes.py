@@ -164,3 +164,43 @@ def test_decode_profile_counts_idle_time_where_no_kernel_span_is_open():
     assert gaps["busy_us"] == 100 + 25 + 10
     assert gaps["in_graph_us"] == 5 and gaps["pairs"] == [("long -> next", 5)]  # not 85 after "short"
     assert gaps["host_us"] == 50
+
+
+def test_decode_profile_by_slot_parts_a_kernels_launches_by_their_place_in_the_layer():
+    """`--by-slot`: two steps of a two-layer model, four linears a layer and the LM head after them, two norms a
+    layer and the last one, a once-a-step kernel and one whose count does not divide by the steps (one row)."""
+    from types import SimpleNamespace
+    mod = load("decode_profile")
+    cuda = torch.autograd.DeviceType.CUDA
+    events, t = [], 0.0
+
+    def launch(name, us):
+        nonlocal t
+        events.append(SimpleNamespace(name=name, time_range=SimpleNamespace(start=t, end=t + us), device_time=us,
+                                      device_type=cuda))
+        t += us + 1
+
+    for _ in range(2):
+        launch("_embedding_kernel", 1.0)
+        for _ in range(2):
+            launch("_rmsnorm_kernel", 2.0)
+            launch("_matmul_kernel", 3.0)  # qkv
+            launch("_matmul_kernel", 4.0)  # o
+            launch("_rmsnorm_kernel", 2.5)
+            launch("_matmul_kernel", 10.0)  # gate_up
+            launch("_matmul_kernel", 6.0)  # down
+        launch("_rmsnorm_kernel", 2.0)
+        launch("_matmul_kernel", 50.0)  # the LM head
+    launch("odd", 1.0)
+    slots = mod._per_slot(SimpleNamespace(events=lambda: events), steps=2, layers=2)
+    mm = {k: v for k, v in slots.items() if k.startswith("_matmul_kernel")}
+    assert mm == {"_matmul_kernel [1 of 4 a layer]": (2, 6.0), "_matmul_kernel [2 of 4 a layer]": (2, 8.0),
+                  "_matmul_kernel [3 of 4 a layer]": (2, 20.0), "_matmul_kernel [4 of 4 a layer]": (2, 12.0),
+                  "_matmul_kernel [after the layers, 1]": (1, 50.0)}
+    assert slots["_rmsnorm_kernel [2 of 2 a layer]"] == (2, 5.0)
+    assert slots["_rmsnorm_kernel [after the layers, 1]"] == (1, 2.0)
+    assert slots["_embedding_kernel"] == (1, 1.0) and slots["odd"] == (0.5, 0.5)
+    # the control: the plain per-kernel table has one row a kernel, the same totals
+    _, kernels, _ = mod._per_kernel(SimpleNamespace(events=lambda: events), 2)
+    assert kernels["_matmul_kernel"] == (9, 96.0)
+    assert sum(us for _, us in mm.values()) == kernels["_matmul_kernel"][1]
