@@ -85,15 +85,19 @@ def profile_prefill(engine: Engine, prompts: list[list[int]], temperature: float
     return (1e3 * walls[1],) + _per_kernel(p, 1)
 
 
+def _kernels(prof) -> list:
+    """The profile's kernel events (the device's, with time)."""
+    return [e for e in prof.events() if e.device_time > 0 and e.device_type == torch.autograd.DeviceType.CUDA]
+
+
 def _per_kernel(p, steps: int) -> tuple[float, dict, dict]:
     """(GPU ms, {kernel: (launches, µs)}, gaps), each per step, from a profile of `steps` steps."""
     gaps = _gaps(p, steps)
     per = defaultdict(lambda: [0, 0.0])
-    for e in p.events():
-        if e.device_time > 0 and e.device_type == torch.autograd.DeviceType.CUDA:
-            k = per[short(e.name)]
-            k[0] += 1
-            k[1] += e.device_time
+    for e in _kernels(p):
+        k = per[short(e.name)]
+        k[0] += 1
+        k[1] += e.device_time
     kernels = {n: (c / steps, us / steps) for n, (c, us) in per.items()}
     return sum(us for _, us in kernels.values()) / 1e3, kernels, gaps
 
@@ -106,9 +110,8 @@ def _per_slot(prof, steps: int, layers: int) -> dict:
     the step. A kernel whose count is not a multiple of `steps` keeps one row.
     It assumes a kernel's extra launches in a step come after its layer launches, as in a decode step."""
     spans = defaultdict(list)
-    for e in prof.events():
-        if e.device_time > 0 and e.device_type == torch.autograd.DeviceType.CUDA:
-            spans[short(e.name)].append((e.time_range.start, e.device_time))
+    for e in _kernels(prof):
+        spans[short(e.name)].append((e.time_range.start, e.device_time))
     per = defaultdict(lambda: [0, 0.0])
     for name, runs in spans.items():
         n, rest = divmod(len(runs), steps)
@@ -129,8 +132,7 @@ def _gaps(prof, steps: int, host_gap_us: float = 20.0) -> dict:
     total. Under PDL a kernel's span opens while its predecessor still runs (its programs resident, waiting),
     so spans overlap, and the device idles only where no span is open: a gap runs from the latest end so far
     (before, from the previous span's end, which counted time under a longer, overlapping span as idle)."""
-    spans = sorted((e.time_range.start, e.time_range.end, short(e.name)) for e in prof.events()
-                   if e.device_time > 0 and e.device_type == torch.autograd.DeviceType.CUDA)
+    spans = sorted((e.time_range.start, e.time_range.end, short(e.name)) for e in _kernels(prof))
     pairs, host, busy = defaultdict(float), 0.0, 0.0
     last_end, last = (spans[0][0] if spans else 0.0), ""  # the first span opens with no gap before it
     for start, end, name in spans:
