@@ -42,8 +42,10 @@ linears are cuBLAS's either way) and keeps the faster run per case (on a CUDA de
 `--rounds R` runs the arms R times in turn in the one process, each round starting at the next arm (the
 first at stock) and serving the first round's Poisson arrivals; each ratio is then the median of the
 rounds' paired ratios (an arm over the same round's stock run), which a drift of the machine between
-rounds does not bias (`detent_rl/bench_report.py`). `--isolate` runs each arm's run in a process of its own
-(`detent_rl/bench_isolate.py`), as a deployment runs one engine a process: no run meets what another left.
+rounds does not bias (`detent_rl/bench_report.py`). On a CUDA device each arm's run goes in a process of its own
+(`--isolate auto`, the default; `on` anywhere, `off` to keep every run in this process; `detent_rl/bench_isolate.py`),
+as a deployment runs one engine a process: no run meets what another left. In one process on an H100, stock's batch-1
+step took ~10 % longer and the tuned arm's ~2 % after other runs (docs/BENCHMARKS.md, session 59).
 
 `--step-graphs whole` (the default on a CUDA device, as `rollout.step_graphs` is: `auto`) runs every arm's prefill
 and mixed steps through whole-step CUDA graphs (`rollout/full_steps.py`: attention inside, one graph a padded size;
@@ -251,6 +253,11 @@ def run(load: Callable[..., CausalLM], cases: list[str], shapes: Shapes, load_fa
     return results
 
 
+def isolating(setting: str, device: str) -> bool:
+    """Whether `--isolate SETTING` runs each run of a round in a process of its own on `device`: auto on CUDA."""
+    return setting == "on" or (setting == "auto" and device.startswith("cuda"))
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m detent_rl.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2-0.5b", help="a built-in name or an HF checkpoint directory")
@@ -293,9 +300,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "kernels/matmul_gated.py); off,on: both ways in the same run, as '<arm> + gated'")
     ap.add_argument("--kernels", action="store_true", help="poisson: serve the trace once more under the torch "
                     "profiler and report each arm's device time by kernel (on the CPU: by operator)")
-    ap.add_argument("--isolate", action="store_true",
+    ap.add_argument("--isolate", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
                     help="each run of a round (an arm's model load and its cases) in a process of its own, as a "
-                         "deployment runs one engine a process (detent_rl/bench_isolate.py); the rounds alternate")
+                         "deployment runs one engine a process (detent_rl/bench_isolate.py); the rounds alternate. "
+                         "auto (the default): on a CUDA device; a bare --isolate: on")
     ap.add_argument("--first", type=int, help=argparse.SUPPRESS)  # (an isolated run's round: bench_isolate.py)
     ap.add_argument("--only", type=int, help=argparse.SUPPRESS)  # (an isolated run's index in its round)
     ap.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
@@ -358,7 +366,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         first = i if args.first is None else args.first
         round_cases = cases if first == 0 else [c for c in cases if c != "gemm"]
         rate = done[0].get("poisson_rate_per_s") if done else args.poisson_rate
-        if args.isolate and args.only is None:
+        if isolating(args.isolate, args.device) and args.only is None:
             count = len(planned_runs(arms, round_cases, shapes, stock_pdl, tuned, limits, first))
             done.append(isolated_round(sys.argv[1:] if argv is None else argv, first, count, cases, rate, out))
         else:

@@ -76,3 +76,12 @@ def test_isolated_rounds_keep_the_first_rounds_gemm_case_and_its_tuple(tmp_path)
     data = json.loads((tmp_path / "run" / "bench.json").read_text())
     assert len(data["rounds"]) == 2 and all("tuned" in r["decode-1"] for r in data["rounds"])
     assert all("gemm" not in r for r in data["rounds"][1:])
+
+
+def test_isolation_is_the_default_on_a_cuda_device_only():
+    """A stock engine runs alone in its process, so on a CUDA device the bench isolates each run unless told `off`
+    (stock's batch-1 step ~10 % slower after other runs in one process, session 59); on the CPU it keeps one process
+    (`test_bench.py` checks every run's pid there), and a bare `--isolate` isolates anywhere (the test above)."""
+    from detent_rl.bench import isolating
+    assert isolating("auto", "cuda") and isolating("auto", "cuda:1") and isolating("on", "cpu")
+    assert not isolating("auto", "cpu") and not isolating("off", "cuda")
