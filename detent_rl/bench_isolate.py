@@ -3,9 +3,10 @@ own, the way a deployment runs one engine a process.
 
 In one process an arm's run meets whatever the runs before it left there: the caching allocator's blocks, cuBLAS's
 handles and workspaces, compiled kernels, the garbage collector's objects. The rounds alternate which arm runs first,
-and the paired ratios then cancel a drift of the machine, but not an effect that only some arms feel. Stock's batch-1
-step ran ~9 % faster as its process's first run than after other arms, while the pinned arms' steps did not move
-(docs/BENCHMARKS.md, session 57). Isolated, every run is its process's first.
+and the paired ratios then cancel a drift of the machine, but not an effect that only some arms feel. On an H100,
+stock's batch-1 step took ~10 % longer after any other run in its process than as its first, the tuned arm's ~2 %
+(docs/BENCHMARKS.md, sessions 57 and 59). Isolated, every run is its process's first, and on a CUDA device that is
+the bench's default (`--isolate auto`).
 
 The parent plans each round as `run` does (`planned_runs`: the same order, the same rotation). It starts the bench
 once per run with `--only K --first I --rounds 1`, with the round's cases and, after the first round's first stock run,
