@@ -376,6 +376,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                             only=args.only))
         results = merge_rounds(done)
         results.update(model=args.model, dtype=args.dtype, limits=limits, quick=args.quick, rounds_asked=args.rounds,
+                       isolated=isolating(args.isolate, args.device) or args.only is not None,
                        commitment={c: {"file": f, "sha256": tuples[f].sha256()} for c, f in tuned.items()} or None)
         text = render(results)
         (out / "bench.md").write_text(text + "\n")

@@ -149,7 +149,8 @@ def render(results: dict) -> str:
               else "; the pinned arms also with the gated MLP epilogue ('+ gated', over stock's run)"
               if results.get("gated_mlp") == "both" else "")
            + (f"; Poisson arrivals {results['poisson_rate_per_s']:.1f} requests/s" if "poisson_rate_per_s" in results
-              else ""),
+              else "")
+           + ("; each arm's run in a process of its own" if results.get("isolated") else ""),
            "",
            f"| case | arm | result | {head} |", "|---|---|---|---|"]
     for case, arms in results["cases"].items():

@@ -148,6 +148,7 @@ def test_rounds_pair_each_ratio_with_its_own_stock_run(tmp_path, capsys):
     import os  # without --isolate every run is this process's (test_bench_isolate.py: each run its own)
     assert {r[c][a]["pid"] for r in data["rounds"] for c in ("decode-1", "grpo") for a in ("stock", "detent")} == \
         {os.getpid()}
+    assert not data["isolated"] and "process of its own" not in (tmp_path / "bench.md").read_text()
     for case, metric in (("decode-1", "ms_per_step"), ("grpo", "tok_per_s")):
         stock = [r[case]["stock"][metric] for r in data["rounds"]]
         ours = [r[case]["detent"][metric] for r in data["rounds"]]

@@ -34,6 +34,7 @@ def test_isolated_rounds_run_each_arm_in_its_own_process_and_pair_the_ratios(tmp
         paired = [r[case]["detent"][metric] / r[case]["stock"][metric] for r in data["rounds"]]
         assert data["round_ratios"][case]["detent"] == pytest.approx(paired)
     assert "median of 2 rounds" in (tmp_path / "bench.md").read_text()
+    assert "each arm's run in a process of its own" in (tmp_path / "bench.md").read_text() and data["isolated"]
 
 
 def test_merge_keeps_the_faster_stock_run_and_names_each_child():
