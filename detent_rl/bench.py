@@ -39,7 +39,7 @@ case its own limit on tokens per forward. Every tuple is checked against its cas
 The stock arm runs with our kernels' programmatic dependent launch on and off (`--stock-pdl`; its
 linears are cuBLAS's either way) and keeps the faster run per case (on a CUDA device: elsewhere once).
 
-`--rounds R` runs the arms R times in turn in the one process, each round starting at the next arm (the
+`--rounds R` runs the arms R times in turn, each round starting at the next arm (the
 first at stock) and serving the first round's Poisson arrivals; each ratio is then the median of the
 rounds' paired ratios (an arm over the same round's stock run), which a drift of the machine between
 rounds does not bias (`detent_rl/bench_report.py`). On a CUDA device each arm's run goes in a process of its own
@@ -361,12 +361,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     graphs = ("whole" if args.device.startswith("cuda") else "off") if args.step_graphs == "auto" else \
         args.step_graphs
     pieces = tuple("whole" if x == "whole" else x == "on" for x in graphs.split(","))
+    isolate = isolating(args.isolate, args.device)
     done: list[dict] = []
     for i in range(args.rounds):  # the files are written after every round: a run cut short keeps what it finished
         first = i if args.first is None else args.first
         round_cases = cases if first == 0 else [c for c in cases if c != "gemm"]
         rate = done[0].get("poisson_rate_per_s") if done else args.poisson_rate
-        if isolating(args.isolate, args.device) and args.only is None:
+        if isolate and args.only is None:
             count = len(planned_runs(arms, round_cases, shapes, stock_pdl, tuned, limits, first))
             done.append(isolated_round(sys.argv[1:] if argv is None else argv, first, count, cases, rate, out))
         else:
@@ -376,7 +377,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                             only=args.only))
         results = merge_rounds(done)
         results.update(model=args.model, dtype=args.dtype, limits=limits, quick=args.quick, rounds_asked=args.rounds,
-                       isolated=isolating(args.isolate, args.device) or args.only is not None,
+                       isolated=isolate or args.only is not None,
                        commitment={c: {"file": f, "sha256": tuples[f].sha256()} for c, f in tuned.items()} or None)
         text = render(results)
         (out / "bench.md").write_text(text + "\n")
