@@ -11,7 +11,7 @@ L=bench/tuned/h200_qwen2-0.5b_long2x12k_split512.json; S=bench/tuned/h100_qwen2-
 D15=bench/tuned/h200_qwen2-1.5b_decode1.json
 END=${TOTAL:-540}
 if [ $END -ge 380 ]; then cases=decode-1,decode-32,poisson,grpo,long,gemm; arms=stock,detent,tuned,det
-  tokens=8192,long=16384; tuples=decode-1=$D1,decode-32=$T,poisson=$S,grpo=$T,long=$L,gemm=$T; t=440
+  tokens=8192,long=16384; tuples=decode-1=$D1,decode-32=$T,poisson=$S,grpo=$T,long=$L,gemm=$T; t=$(( END - 10 < 440 ? END - 10 : 440 ))
 else cases=decode-1,decode-32; arms=stock,detent,tuned; tokens=8192; tuples=decode-1=$D1,decode-32=$T; t=$((END-10)); fi
 timeout $t python3 -P -m detent_rl.bench --arms $arms --max-num-tokens $tokens \
   --stock-pdl on --rounds 1 --serves 5 --cases $cases --isolate \
