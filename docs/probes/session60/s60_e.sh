@@ -9,10 +9,10 @@ export PYTHONPATH=$(bash bench/link_package.sh .) DETENT_CACHE_DIR=/tmp/selir-ma
 name=$(python3 -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())')
 echo "$name"
 D1=bench/tuned/h200_qwen2-0.5b_decode1.json
-python3 -P .devrun/t32_tuple.py qwen2-0.5b rule /tmp/t32_05.json cuda | tail -1
-python3 -P .devrun/t32_tuple.py qwen2-1.5b rule /tmp/t32_15.json cuda | tail -1
 bench() {  # name model tuple rounds
   local left=$(( END - $(date +%s) + T_START )); [ $left -gt 50 ] || { echo "== $1 skipped"; return; }
+  case $3 in /tmp/t32_*) python3 -P .devrun/t32_tuple.py $2 rule $3 cuda | tail -1 ;; esac
+  left=$(( END - $(date +%s) + T_START ))
   timeout $left python3 -P -m detent_rl.bench --model $2 --arms stock,detent,tuned --max-num-tokens 8192 \
     --stock-pdl on --rounds $4 --cases decode-1 --commitment decode-1=$3 --out /tmp/$1 > /tmp/$1.log 2>&1
   echo "== $1 rc $? at $(( $(date +%s) - T_START )) s"; grep -E '^\| decode-1|^device' /tmp/$1/bench.md
@@ -21,6 +21,6 @@ bench() {  # name model tuple rounds
 }
 case "$name" in
   *H200*) bench goal qwen2-0.5b $D1 1; bench ab05 qwen2-0.5b /tmp/t32_05.json 1; bench ab15 qwen2-1.5b /tmp/t32_15.json 1 ;;
-  *) bench ab05 qwen2-0.5b /tmp/t32_05.json 2; bench ab15 qwen2-1.5b /tmp/t32_15.json 1 ;;
+  *) bench ab05 qwen2-0.5b /tmp/t32_05.json $(( END < 200 ? 1 : 2 )); bench ab15 qwen2-1.5b /tmp/t32_15.json 1 ;;
 esac
 exit 0
