@@ -1,4 +1,4 @@
-"""`python -m detent_rl.bench`: the rollout arms side by side, in one process, on the same weights and prompts.
+"""`python -m detent_rl.bench`: the rollout arms side by side in one run, on the same weights and prompts.
 
 Each arm — stock (cuBLAS linears, CUDA-graph decode with the selection fixed at capture: what a fast
 non-invariant engine does), detent (the default tuple), tuned (detent with --commitment FILE, a tuple
