@@ -59,8 +59,8 @@ def run_case(batch: int, ctx: int, split: int, schedules: list, prefetches: list
                   f"{str(e)[:80]} | |")
             continue
         bits = "=" if torch.equal(out, refs[bn]) else f"DIFF {(out != refs[bn]).any(-1).sum().item()} rows"
-        print(f"| {batch}x{ctx} | {split} | {bm}x{bn} pack {pack} w{warps} s{stages} f{prefetch:d} | {us:.1f} | {bits} |",
-              flush=True)
+        print(f"| {batch}x{ctx} | {split} | {bm}x{bn} pack {pack} w{warps} s{stages} f{prefetch:d} | {us:.1f} | "
+              f"{bits} |", flush=True)
 
 
 def main() -> None:

@@ -149,7 +149,8 @@ def main() -> None:
     print(f"model {args.model}, bf16, batch {args.batch}, prompt {args.prompt_len}, {n} new tokens each, "
           f"median of {args.repeats}, {torch.cuda.get_device_name()}\n")
     stock_s = rows[1][1]
-    print("| arm | wall s | output tok/s | ms / decode step | time vs stock | speed-up vs HF | greedy tokens equal to HF |")
+    print("| arm | wall s | output tok/s | ms / decode step | time vs stock | speed-up vs HF | "
+          "greedy tokens equal to HF |")
     print("|---|---|---|---|---|---|---|")
     for label, s, same in rows:
         agree = "—" if same is None else f"{same:.1%}"

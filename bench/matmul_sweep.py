@@ -91,8 +91,8 @@ def main() -> None:
                     cublas = timed(lambda: F.linear(x, w(), b))
                     if ref_row is None:
                         ref_row = linear(x, w0, b, chunk=chunk, parallel=False, block_m=64, block_n=64, block_k=64)[0]
-                    par, ok1 = sweep(x, w, b, chunk, True, PARALLEL, ref_row) if m <= args.parallel_up_to and chunk < k \
-                        else ((float("nan"), None), True)
+                    par, ok1 = sweep(x, w, b, chunk, True, PARALLEL, ref_row) \
+                        if m <= args.parallel_up_to and chunk < k else ((float("nan"), None), True)
                     seq, ok2 = sweep(x, w, b, chunk, False, SEQUENTIAL, ref_row)
                     flat, ok3 = sweep(x, w, b, chunk, False, SEQUENTIAL, ref_row, flat=True) \
                         if args.flat and chunk < k else ((float("nan"), None), True)

@@ -63,7 +63,8 @@ CASES = (
 def grpo_case(max_batch: int, max_context: int, max_num_tokens: int) -> Case:
     """A GRPO step's rollout at a tuple's limits: groups of 8, prompts up to 200 tokens, the rest decoded."""
     prompt = min(200, max_context // 2)
-    return Case(f"GRPO batch {max_batch} = {max_batch // 8} prompts x 8, prompts 1-{prompt}, new 1-{max_context - prompt}",
+    return Case(f"GRPO batch {max_batch} = {max_batch // 8} prompts x 8, prompts 1-{prompt}, "
+                f"new 1-{max_context - prompt}",
                 max(1, max_batch // 8), min(8, max_batch), (1, prompt), (1, max_context - prompt), 512, max_num_tokens)
 
 
@@ -151,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                            commitment=commitment, **limits)
         tuple_note = f", tuple {args.commitment} (sha256 {commitment.sha256()[:12]})" if commitment else ""
         print(f"model {name}, {args.arm} arm, {args.dtype}, {args.device}{tuple_note}\n")
-        print("| case | sequences | logprobs compared | prefix-cached prompt tokens | mismatching sequences | first mismatch |")
+        print("| case | sequences | logprobs compared | prefix-cached prompt tokens | mismatching sequences | "
+              "first mismatch |")
         print("|---|---|---|---|---|---|")
         failed = False
         for i, case in enumerate(cases):

@@ -59,7 +59,8 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for shape in args.shapes.split(","):
         batch, tokens = (int(x) for x in shape.split("x"))
-        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("memory-efficient", SDPBackend.EFFICIENT_ATTENTION),
+        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
+                              ("memory-efficient", SDPBackend.EFFICIENT_ATTENTION),
                               ("cuDNN", SDPBackend.CUDNN_ATTENTION)):
             for det in (True, False):
                 try:

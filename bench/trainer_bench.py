@@ -86,7 +86,8 @@ def ipc_sync(trainer: TrainerWorker, repeats: int) -> tuple[float, float]:
     """The sync between two processes on this GPU by CUDA IPC (`TrainerWorker.weights("ipc")`, pickled as
     Ray would): median seconds on the trainer's side (digest, handles, pickle) and on an engine
     process's (open the handles, copy device to device, digest)."""
-    child = subprocess.Popen([sys.executable, "-P", "-c", _ENGINE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=False)
+    child = subprocess.Popen([sys.executable, "-P", "-c", _ENGINE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=False)
     sides = []
     try:
         for _ in range(repeats + 1):

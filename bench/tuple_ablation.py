@@ -45,7 +45,8 @@ def main() -> None:
     d = tuned.deployment or {}
     limits = {k: d[k] for k in ("max_context", "max_batch", "max_num_tokens")}
     path = builtin_checkpoint(args.model) if args.model in NAMES else args.model
-    load = lambda t: load_model(path, "detent", device="cuda", dtype=torch.bfloat16, commitment=t, **limits)  # noqa: E731
+    load = lambda t: load_model(path, "detent", device="cuda", dtype=torch.bfloat16,  # noqa: E731
+                                commitment=t, **limits)
     default = load(None).selections.resolved()
     changed = [k for k in tuned.sites if default.sites.get(k) != tuned.sites[k]]
     variants = [("default", default), ("tuned", tuned)]

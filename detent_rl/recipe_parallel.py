@@ -51,7 +51,8 @@ def check_parallelism(r: "Recipe", ctx: Context) -> None:
         if max(m.tp_size, ro_tp) == 1:
             raise ctx.error("model.tp_invariant", "needs tensor parallelism (model.tp_size or rollout.tp_size > 1)")
         if r.run.arm != "detent":
-            raise ctx.error("model.tp_invariant", f"commits the detent arm's K partitions; the run's arm is {r.run.arm}")
+            raise ctx.error("model.tp_invariant", "commits the detent arm's K partitions; "
+                                                  f"the run's arm is {r.run.arm}")
         if m.commitment is not None:
             raise ctx.error("model.tp_invariant", "derives its commitment tuples (models/tp_invariant.py); "
                                                   "leave model.commitment null")

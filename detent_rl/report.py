@@ -2,7 +2,8 @@
 
 Reads the run directory's `metrics.jsonl` and `bitcheck.jsonl` (written by `detent_rl.runlog.RunLog`)
 and, if present, `recipe.yaml` (its `arm` key, at the top level or in any section, names the
-selection arm) and `commitment.json` (the resolved commitment tuple: its sha256 and every site). Writes `report.html` (or --out): a verdict line, a summary table, PNG plots embedded
+selection arm) and `commitment.json` (the resolved commitment tuple: its sha256 and every site).
+Writes `report.html` (or --out): a verdict line, a summary table, PNG plots embedded
 as base64 data URIs (rendered by matplotlib's Agg canvas; no pyplot, so no global backend is set),
 the first-mismatches table, and the recipe. Nothing is fetched when the file is opened.
 

@@ -77,7 +77,8 @@ class RunLog:
         clean = _jsonable(values, "metrics")
         self._append(METRICS_FILE, {"step": step, **clean})
         numbers = {k: as_float(v) for k, v in clean.items()
-                   if (isinstance(v, (int, float)) and not isinstance(v, bool)) or (isinstance(v, str) and v in _NONFINITE)}
+                   if (isinstance(v, (int, float)) and not isinstance(v, bool))
+                   or (isinstance(v, str) and v in _NONFINITE)}
         if self._writer is not None:
             for key, value in sorted(numbers.items()):
                 self._writer.add_scalar(key, value, step)

@@ -31,7 +31,8 @@ def to_dot(g: DepGraph, pins: Iterable[Node], title: str, names: dict[int, str] 
         if isinstance(v, Node):
             points.setdefault(v.id, []).append(name)
     lines = [f'digraph "{title}" {{', '  rankdir=LR;', '  node [fontname="Helvetica", fontsize=10];',
-             f'  label="{title}\\nred: Runtime, purple: Unpinnable, green: Request, blue: knob; shaded: batch-dependent; '
+             f'  label="{title}\\nred: Runtime, purple: Unpinnable, green: Request, blue: knob; '
+             'shaded: batch-dependent; '
              'yellow: pin (the cut); boxes: selection points; dashed: control";', '  labelloc=t;']
     for i in sorted(g.nodes):
         n = g.nodes[i]

@@ -15,7 +15,8 @@ from detent_rl.selir.graph import Node
 _counter = itertools.count()
 
 HEADER = """\
-from detent_rl.selir import Fact, Request, Runtime, Unpinnable, assume, ceil, knob, nearest_key, record, require, selection
+from detent_rl.selir import Fact, Request, Runtime, Unpinnable, assume, ceil, knob, nearest_key, record, \
+require, selection
 
 @record
 class Row:

@@ -259,7 +259,8 @@ def test_gpu_backward_kernels_match_their_pytorch_forms(dtype):
         h, gy, gh = (torch.randn(rows, hidden, generator=g, device="cuda").to(dtype) for _ in range(3))
         w = torch.randn(hidden, generator=g, device="cuda").to(dtype)
         for extra in (gh, None):
-            got, want = R._rmsnorm_backward_triton(h, w, gy, extra, 1e-6), R._rmsnorm_backward_torch(h, w, gy, extra, 1e-6)
+            got, want = (R._rmsnorm_backward_triton(h, w, gy, extra, 1e-6),
+                         R._rmsnorm_backward_torch(h, w, gy, extra, 1e-6))
             for a, b in zip(got, want):
                 err = (a.float() - b.float()).norm() / b.float().norm()
                 assert err < tol, f"rmsnorm backward {rows}x{hidden}: relative error {err:.2e}"

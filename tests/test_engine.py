@@ -53,7 +53,8 @@ def test_rollout_is_batch_invariant_and_rescore_matches(tmp_path, arm, dtype):
 
 
 def test_update_weights_in_place_equals_loading_the_new_checkpoint(tmp_path):
-    old_dir, new_dir = save(hf_model("qwen2", seed=0), tmp_path / "old"), save(hf_model("qwen2", seed=1), tmp_path / "new")
+    old_dir, new_dir = (save(hf_model("qwen2", seed=0), tmp_path / "old"),
+                        save(hf_model("qwen2", seed=1), tmp_path / "new"))
     engine = Engine(load_model(old_dir, "detent", dtype=torch.float32, **LIMITS), num_blocks=64)
     prompt, sp = list(range(1, 40)), SamplingParams(seed=7, temperature=1.0, max_tokens=6)
     before = engine.generate([prompt], [sp])[0]
@@ -63,7 +64,8 @@ def test_update_weights_in_place_equals_loading_the_new_checkpoint(tmp_path):
     assert n == sum(len(getattr(p, "shard_ids", (0,))) for p in engine.model.parameters())  # every shard set
     after = engine.generate([prompt], [sp])[0]
     assert after.num_cached == 0, "update_weights must flush the prefix cache computed by the old weights"
-    fresh = Engine(load_model(new_dir, "detent", dtype=torch.float32, **LIMITS), num_blocks=64).generate([prompt], [sp])[0]
+    fresh = Engine(load_model(new_dir, "detent", dtype=torch.float32, **LIMITS),
+                   num_blocks=64).generate([prompt], [sp])[0]
     assert (after.completion, after.logprobs) == (fresh.completion, fresh.logprobs)
     assert after.logprobs != before.logprobs
     # the model's own (fused) names work too, and bad input names what is wrong

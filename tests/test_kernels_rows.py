@@ -27,7 +27,9 @@ from detent_rl.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
 from detent_rl.kernels.vocab import MAX_SPLITS, max_logsumexp_torch, num_splits, vocab_split
 from detent_rl.selir.cache import JITCache
 from detent_rl.selir.solver import solve
-from rows_cases import (DTYPES, EPS, EXACT_TOL, LOGPROB_TOL, MAX_ROWS, TOL, _bits, _hf_configs, alone_vs_batch, invariance_failures, log_softmax_run, logits_inputs, rmsnorm_inputs, rmsnorm_run, rotary_store_case, rotary_store_failures, rstd_witness_rows, selectors)
+from rows_cases import (DTYPES, EPS, EXACT_TOL, LOGPROB_TOL, MAX_ROWS, TOL, _bits, _hf_configs, alone_vs_batch,
+                        invariance_failures, log_softmax_run, logits_inputs, rmsnorm_inputs, rmsnorm_run,
+                        rotary_store_case, rotary_store_failures, rstd_witness_rows, selectors)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -321,7 +321,8 @@ def test_refuses_bad_input():
 
 _INTERPRETED = textwrap.dedent("""
     import torch
-    from detent_rl.kernels.sampling import _allowed, _sample, _top_p_cutoff_torch, _top_p_cutoff_triton, sample_unfiltered
+    from detent_rl.kernels.sampling import (_allowed, _sample, _top_p_cutoff_torch, _top_p_cutoff_triton,
+                                            sample_unfiltered)
     from test_kernels_sampling import sampling_inputs
     for dt, vocab in ((torch.bfloat16, 300), (torch.float32, 77)):
         inp = sampling_inputs(12, vocab, dt)

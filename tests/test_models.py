@@ -231,7 +231,8 @@ def test_config_errors_name_file_and_key(tmp_path):
              ({"hidden_size": None}, "required key 'hidden_size' is missing"),
              ({"num_hidden_layers": "2"}, "num_hidden_layers must be a positive integer, got '2'"),
              ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
-             ({"layer_types": ["full_attention", "sliding_attention"]}, r"layer_types has non-full-attention layers \[1\]")]
+             ({"layer_types": ["full_attention", "sliding_attention"]},
+              r"layer_types has non-full-attention layers \[1\]")]
     for change, message in cases:
         (root / "config.json").write_text(json.dumps({**raw, **change}))
         with pytest.raises(ModelConfigError, match=f"{root}/config.json: {message}"):

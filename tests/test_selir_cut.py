@@ -131,7 +131,8 @@ def prog(n: Unpinnable[int], split: Runtime[int]):
     assert sorted(g.point_nodes(batch_only=True)) == ["chunk"] and list(pins) == ["chunk"]
     sol = solve(mod.prog, {}, cache=JITCache(enabled=False))
     sel = sol.commit({"chunk": 128})
-    assert sel(1, 1).chunk == sel(900, 3).chunk == 128 and sel(1, 2).launch_tile == 16 and sel(900, 2).launch_tile == 128
+    assert (sel(1, 1).chunk == sel(900, 3).chunk == 128 and sel(1, 2).launch_tile == 16
+            and sel(900, 2).launch_tile == 128)
     assert sel.bits(sel(900, 2)) == {"chunk": 128}
     with pytest.raises(SelectionError, match="a tile spans one chunk at most"):  # a schedule keeps its require
         sol.stock()(900, 4)

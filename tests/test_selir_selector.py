@@ -112,7 +112,8 @@ def test_repin_swaps_constants_without_resolving(sol, monkeypatch):
 
 def test_illegal_repin_is_refused_with_a_witness(sol):
     sel = sol.commit()
-    with pytest.raises(SelectionError, match=r"illegal: require\(num_splits \* split_size >= max_seqlen_k\).*fails at inputs"):
+    with pytest.raises(SelectionError,
+                       match=r"illegal: require\(num_splits \* split_size >= max_seqlen_k\).*fails at inputs"):
         sel.repin({"num_splits": 1, "split_size": 128})
     with pytest.raises(SelectionError, match="split_size % block_n"):
         sel.repin({"block_n": 128, "split_size": 192, "num_splits": 32})

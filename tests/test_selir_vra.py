@@ -99,7 +99,8 @@ def test_the_judge_splits_cases_only_where_they_are_few(monkeypatch, program, fa
         return out
 
     def table(self, rows, candidates, idx, fallback):
-        counted["budget"] += cases.MAX_LEAF_SHARE * math.prod(len(candidates[a]) for a in self.axes) * cases.PROBE_POINTS
+        counted["budget"] += (cases.MAX_LEAF_SHARE * math.prod(len(candidates[a]) for a in self.axes)
+                              * cases.PROBE_POINTS)
 
         def counted_fallback():
             counted["fallbacks"] += 1

@@ -129,7 +129,8 @@ def test_the_split_tile_comes_from_the_commitment_tuple(tmp_path, monkeypatch):
     monkeypatch.setenv(P.ENV_COMMITMENT, str(path))
     assert P.split_tile_size() == 512
     bad = CommitmentTuple({P.SITE: {"knobs": {"split_tile_size": 300}}}).save(tmp_path / "bad.json")
-    with pytest.raises(P.SGLangPluginError, match=r"bad\.json: sites\.sglang\.triton_decode\.knobs\.split_tile_size is 300"):
+    with pytest.raises(P.SGLangPluginError,
+                       match=r"bad\.json: sites\.sglang\.triton_decode\.knobs\.split_tile_size is 300"):
         P.split_tile_size(bad)
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(P.SGLangPluginError, match="broken.json"):
@@ -184,8 +185,9 @@ for trial in range(24):
     n = rng.choice([1, 2, 3, 8, 64, 255, 256, 300])
     lo = rng.choice([1, 1000, 30000])
     lens = [rng.randint(lo, 40960) for _ in range(n - 1)] + [5000]
-    for path, be in (("heuristic", backend_fields()), ("deterministic", backend_fields(enable_deterministic=True, split_tile_size=256,
-                                                                          max_kv_splits=160)),
+    for path, be in (("heuristic", backend_fields()),
+                     ("deterministic", backend_fields(enable_deterministic=True, split_tile_size=256,
+                                                      max_kv_splits=160)),
                      ("static", backend_fields(static_kv_splits=True))):
         out = torch.zeros(n, dtype=torch.int32)
         TritonAttnBackend.get_num_kv_splits(be, out, torch.tensor(lens, dtype=torch.int32))
@@ -291,8 +293,10 @@ def test_requests_need_their_own_seed(fresh_sglang):
         SamplingParams(max_new_tokens=4, temperature=1.0, min_p=0.1, sampling_seed=1).verify(vocab_size=100)
     SamplingParams(max_new_tokens=4, temperature=1.0, sampling_seed=7).verify(vocab_size=100)
 
-    reqs = [SimpleNamespace(rid=f"r{i}", sampling_params=SimpleNamespace(sampling_seed=s)) for i, s in enumerate((5, 9))]
-    info = P.seeded_batch(SimpleNamespace(device="cpu", sampling_seed=None), SamplingBatchInfo, SimpleNamespace(reqs=reqs))
+    reqs = [SimpleNamespace(rid=f"r{i}", sampling_params=SimpleNamespace(sampling_seed=s))
+            for i, s in enumerate((5, 9))]
+    info = P.seeded_batch(SimpleNamespace(device="cpu", sampling_seed=None), SamplingBatchInfo,
+                          SimpleNamespace(reqs=reqs))
     assert info.sampling_seed.tolist() == [5, 9]
     reqs[1].sampling_params.sampling_seed = None
     with pytest.raises(ValueError, match=r"\['r1'\]"):
@@ -309,7 +313,8 @@ def _moe_configs(device, version, ms):
 
 
 @pytest.mark.skipif(importlib.metadata.version("sglang") not in P.TRANSCRIBED_FOR["fused_moe"],
-                    reason="this SGLang's MoE config is not transcribed: the plugin refuses it (tests/test_sglang_releases.py)")
+                    reason="this SGLang's MoE config is not transcribed: the plugin refuses it "
+                           "(tests/test_sglang_releases.py)")
 @pytest.mark.parametrize("device,version,pin", [("NVIDIA H100 80GB HBM3", "3.7.1", "table_key"),
                                                 ("NVIDIA H200", "3.6.0", "table_key"),
                                                 ("NVIDIA A10", "3.6.0", "small_m")])

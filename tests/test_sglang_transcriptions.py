@@ -193,7 +193,8 @@ def test_allreduce_matches_sglang():
             for graph in (False, True):
                 got = AR.custom_allreduce_v2(nbytes=n, can_use_graph=graph, **facts)
                 want = AR_PLANS[int(next(it))]
-                assert (got["algorithm"], got["use_graph"], got["use_multicast"]) == want, (major, minor, ws, mc, n, graph)
+                assert (got["algorithm"], got["use_graph"], got["use_multicast"]) == want, \
+                    (major, minor, ws, mc, n, graph)
 
 
 def test_allreduce_forced_sizes_and_override():

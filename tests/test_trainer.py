@@ -55,7 +55,8 @@ def test_tokens_loss_ratio_clip_tis_and_kl():
                            torch.tensor([1.0] * 3 + [2.0] * 3), cfg)
     assert both.item() == pytest.approx(-3 * 1.28 - 6.0) and stats_dict(st)["tokens"] == 6
     assert stats_dict(st)["ratio_ones"] == 3 and stats_dict(st)["ratio_max"] == pytest.approx(1.5)
-    assert normalizer([3, 5], LossSection()) == 8 and normalizer([3, 5], LossSection(aggregation="seq-mean-token-sum")) == 2
+    assert (normalizer([3, 5], LossSection()) == 8
+            and normalizer([3, 5], LossSection(aggregation="seq-mean-token-sum")) == 2)
 
 
 def _rollout(model, n_prompts=2, group=3, max_tokens=6):
