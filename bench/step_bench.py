@@ -5,17 +5,15 @@
 
 Each arm is a fresh `python -m detent_rl.train RECIPE run.arm=ARM ...` (the run's own driver, workers
 and logs; the stock arm is the honest stock pipeline: the stock engine arm and `trainer.stock`'s
-transformers trainer, with `run.on_mismatch: warn`), checkpoints off, the given overrides on top
-(e.g. `rollout.prompts_per_step=32 rollout.samples_per_prompt=8`); `--checkpoint-every N` turns
-checkpoints on (every N steps and the last, one kept) and adds their time (the trainer's state and the
-driver's, written and published) as a phase, the median over the measured steps that saved one.
-From each run's metrics.jsonl, the
-median over the steps after the warm-up (the first compiles kernels; decode graphs are captured per
-padded batch size as each size first occurs, over the first steps) of each phase:
+transformers trainer, with `run.on_mismatch: warn`), checkpoints off, the given overrides on top (e.g.
+`rollout.prompts_per_step=32 rollout.samples_per_prompt=8`); `--checkpoint-every N` turns checkpoints on
+(every N steps and the last, one kept) and adds their time (the trainer's state and the driver's,
+written and published) as a phase, the median over the measured steps that saved one. From each run's
+metrics.jsonl, the median over the steps after the warm-up (the first compiles kernels; decode graphs
+are captured per padded batch size as each size first occurs, over the first steps) of each phase:
 rollout, rewards, rescore (0 with the free bit-check), update (the free check included), weight sync,
-the whole step (the checkpoint not included); the update's peak device memory; the share of tokens
-whose logprobs matched the
-rollout's bit for bit.
+the whole step (the checkpoint not included); the update's peak device memory; the share of tokens whose
+logprobs matched the rollout's bit for bit.
 """
 from __future__ import annotations
 

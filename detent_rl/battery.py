@@ -1,11 +1,10 @@
 """`python -m detent_rl.battery`: the batch-invariance battery of the DETENT evaluation.
 
-The cells themselves are drawn in `battery_cells.py`; this module runs and judges them. A cell runs
-one target request twice, in a reference batch state and in a changed one, on the same
-model, and compares the bits of the target's first 16 output logprobs (and its tokens). Each cell
-is run twice: greedy (T = 0) and seeded sampling (T = 1). Comparing logprob bits also catches a
-logit change that leaves the tokens alone. The cells, 26 as in the paper plus 9 strong cells and
-one rollout-vs-rescore cell:
+The cells themselves are drawn in `battery_cells.py`; this module runs and judges them. A cell runs one
+target request twice, in a reference batch state and in a changed one, on the same model, and compares
+the bits of the target's first 16 output logprobs (and its tokens). Each cell is run twice: greedy
+(T = 0) and seeded sampling (T = 1). Comparing logprob bits also catches a logit change that leaves the
+tokens alone. The cells, 26 as in the paper plus 9 strong cells and one rollout-vs-rescore cell:
 
 - rerun (2): the same batch again on a fresh engine (reproducibility);
 - cobatch (14): other co-running requests, other chunking and token budgets, late admission, pages

@@ -1,11 +1,11 @@
 """`python -m detent_rl.report runs/<name> [--out FILE]`: a run's self-contained HTML report.
 
 Reads the run directory's `metrics.jsonl` and `bitcheck.jsonl` (written by `detent_rl.runlog.RunLog`)
-and, if present, `recipe.yaml` (its `arm` key, at the top level or in any section, names the
-selection arm) and `commitment.json` (the resolved commitment tuple: its sha256 and every site).
-Writes `report.html` (or --out): a verdict line, a summary table, PNG plots embedded
-as base64 data URIs (rendered by matplotlib's Agg canvas; no pyplot, so no global backend is set),
-the first-mismatches table, and the recipe. Nothing is fetched when the file is opened.
+and, if present, `recipe.yaml` (its `arm` key, at the top level or in any section, names the selection
+arm) and `commitment.json` (the resolved commitment tuple: its sha256 and every site). Writes
+`report.html` (or --out): a verdict line, a summary table, PNG plots embedded as base64 data URIs
+(rendered by matplotlib's Agg canvas; no pyplot, so no global backend is set), the first-mismatches
+table, and the recipe. Nothing is fetched when the file is opened.
 
 The metrics.jsonl keys it reads, one line per step ``{"step": s, key: value, ...}``:
 

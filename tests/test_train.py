@@ -123,9 +123,9 @@ def test_engine_replicas_leave_every_request_its_bits(tmp_path, inline2):
     """Data-parallel rollout: with 2 and 3 engine replicas (each prompt's group dealt whole to one) every
     step's samples, bit-check and metrics equal the one-engine run's, in-process and with 2 engines
     as Ray actors whose weights come by a torch.distributed broadcast from the trainer (gloo here;
-    each engine checks the trainer's digest).
-    (The stock control is tests/test_dp_rollout.py's: this tiny model's CPU kernels
-    round a row alike for every row count the split leaves, so its stock rollout does not move.)"""
+    each engine checks the trainer's digest). (The stock control is tests/test_dp_rollout.py's: this
+    tiny model's CPU kernels round a row alike for every row count the split leaves, so its stock
+    rollout does not move.)"""
     want = {name: _lines(inline2, name) for name in ("bitcheck.jsonl", "metrics.jsonl", "samples.jsonl")}
     assert [c["bit_match"] for c in want["bitcheck.jsonl"].values()] == [1.0, 1.0]
     for n, mode in ((2, "inline"), (3, "inline"), (2, "ray")):

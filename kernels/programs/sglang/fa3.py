@@ -23,12 +23,11 @@ Dao-AILab main for these parts; the exact pin bcf72ccc of sglang-kernel 0.4.10 w
 Float arithmetic: C++ computes the wave efficiencies, `should_pack_gqa`'s efficiencies and
 `blocks_per_sm = ceilf(float(total) * 1.1f * float(heads) / float(num_sm))` in float32. Plain float64
 gives other answers at real inputs (e.g. 4 KV-head m-blocks, 132 SMs, 20 n-blocks: float64 picks 17
-splits, float32 18), so every float32 operation is emulated: computed in float64 (exact for products
-of float32 values, and correctly rounded twice for quotients since 53 >= 2*24+2) and rounded to
-float32 by SelIR's `float32` builtin (whose range analysis knows rounding is monotone).
-`total_mblocks >= 0.8f * num_SMs` is the integer test
-`5 * total >= 4 * num_SMs`: 0.8f * N rounds back to 4N/5 when that is an integer (< 2**24), and is
-otherwise at least 0.2 from one.
+splits, float32 18), so every float32 operation is emulated: computed in float64 (exact for products of
+float32 values, and correctly rounded twice for quotients since 53 >= 2*24+2) and rounded to float32 by
+SelIR's `float32` builtin (whose range analysis knows rounding is monotone).
+`total_mblocks >= 0.8f * num_SMs` is the integer test `5 * total >= 4 * num_SMs`: 0.8f * N rounds back
+to 4N/5 when that is an integer (< 2**24), and is otherwise at least 0.2 from one.
 """
 from __future__ import annotations
 
