@@ -49,7 +49,7 @@ def test_partition_probe_plan_runs_without_a_gpu_and_refuses_bad_arguments(capsy
                            "--ms", "1,2048"], capture_output=True, text=True)  # the script as the device runs it
     assert plan.returncode == 0, plan.stderr
     lines = [line for line in plan.stdout.splitlines() if line.startswith("1.5b down 8960->1536 chunk")]
-    assert len(lines) >= 3 and any("chunk 1792 (5): 1: P16x64x128" in line for line in lines)
+    assert len(lines) >= 3 and any("chunk 1792 (5): 1: P16x32x128" in line for line in lines)
     assert any("chunk 8960 (1): 1: S" in line for line in lines)
     probe = load("partition_probe")
     probe.main(["--plan", "--models", "1.5b", "--sites", "o", "--chunks", "768", "--explore", "--ms", "1"])
@@ -73,7 +73,7 @@ def test_partition_probe_runs_every_step_on_the_cpu_and_resumes(tmp_path, capsys
                 str(rows)])
     out = capsys.readouterr().out
     assert "CPU (--cpu: the script's logic, not figures)" in out
-    for chunk, selected in ((640, "P16x64x128"), (4864, "S16x64x128")):
+    for chunk, selected in ((640, "P16x32x128"), (4864, "S16x32x128")):  # the M <= 16 rule's narrow tile
         for m in (1, 3):
             assert f"| 0.5b | down | {chunk} | {m} |" in out and f" {selected} (" in out
     assert "| 0.5b | down | 640 (8) |" in out and "| 0.5b | down | 4864 (1) |" in out and "DIFF" not in out

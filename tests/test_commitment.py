@@ -13,7 +13,7 @@ import torch
 
 from detent_rl.kernels.commitment import CommitmentError, CommitmentTuple, SiteCommitment
 from detent_rl.kernels.programs.attention import triton_tile
-from detent_rl.kernels.programs.matmul import SCHEDULES, TILE_CHOICES, WGMMA_CHOICE
+from detent_rl.kernels.programs.matmul import NARROW_CHOICE, TILE_CHOICES, WGMMA_CHOICE
 from detent_rl.models import load_model
 from detent_rl.models.builtin import builtin_checkpoint
 from detent_rl.models.runner import prefill_batch
@@ -157,7 +157,8 @@ def test_an_honoured_tuple_sets_the_kernels_parameters(tiny, tmp_path):
         s = model.selections.get("matmul", **MM)(m)
         return s.chunk, s.tile_block_m, s.tile_block_n, s.tile_block_k
 
-    largest, smallest = TILE_CHOICES[8192][WGMMA_CHOICE], SCHEDULES[32]  # K > N: the warpgroup-MMA tile
+    largest = TILE_CHOICES[8192][WGMMA_CHOICE]  # K > N: the warpgroup-MMA tile
+    smallest = TILE_CHOICES[32][NARROW_CHOICE]  # the default's 16 x 32 tile at M <= 16 (two 16 x 64 tiles)
     for m in (1, 5, 300):
         assert matmul_launch(committed, m) == (256, largest.block_m, largest.block_n, largest.block_k)
     assert matmul_launch(default, 1) == (128, smallest.block_m, smallest.block_n, smallest.block_k)  # the control

@@ -259,3 +259,33 @@ def test_the_schedule_follows_m_and_the_site_while_the_partition_stays():
     assert not cut(769).tile_parallel
     for sel in (qkv, gate_up, head, down, cut, down15, two, tuned):
         assert len({sel(m).chunk for m in (1, 33, 65, 300, 513, 4096)}) == 1
+
+
+def test_a_batch_1_call_takes_the_narrow_tile_where_the_wide_one_leaves_sms_idle():
+    """At M <= 16 the default runs 16 x 32 tiles (twice the programs) where the bucket's 16 x 64 tiles, times the
+    chunks, number under NARROW_FILL an SM: every 0.5B and 1.5B site below WIDE_N (the LM head and the 1.5B gate_up
+    take the 512 bucket's tile), and on a 66-SM part not the 0.5B gate_up (152 tiles); not from M = 17, not when
+    the schedule does not follow M, and a tuned tile_32 keeps its choice. The rule moves the tile, never the
+    partition."""
+    from detent_rl.kernels.programs.matmul import NARROW_CHOICE, SCHEDULES, TILE_CHOICES
+
+    narrow, wide = TILE_CHOICES[32][NARROW_CHOICE], SCHEDULES[32]
+    shape = lambda s: (s.tile_block_m, s.tile_block_n, s.tile_wgmma)  # noqa: E731
+    assert (narrow.block_m, narrow.block_n, wide.block_m, wide.block_n) == (16, 32, 16, 64)
+    for n, k in ((1152, 896), (896, 896), (9728, 896), (896, 4864), (2048, 1536), (1536, 1536), (1536, 8960)):
+        sel = _selectors(n, k)[1]
+        assert shape(sel(1)) == shape(sel(16)) == (16, 32, False), (n, k, shape(sel(1)))
+        assert shape(sel(17))[1] != 32 and shape(sel(32))[1] != 32, (n, k)
+        assert sel(1).chunk == sel(17).chunk == sel(4096).chunk
+        sol = solve(matmul_program, QWEN2_05B.facts("matmul", {"n": n, "k": k}))
+        if k > n:  # the chunks the model pins (bench/tuned's defaults): 8 and 5 of them, in parallel programs
+            cut = sol.commit(pins={"chunk": 640 if k == 4864 else 1792})
+            assert shape(cut(1)) == (16, 32, False) and cut(1).tile_parallel and cut(1).chunk == cut(17).chunk
+        assert shape(sol.commit(knobs={"tile_32": 2})(1)) == (16, 64, False)  # tuned: ROWS16 kept
+        assert shape(sol.commit(knobs={"schedule_by_m": False})(1))[1] != 32
+    for n, k in ((151936, 896), (17920, 1536)):
+        assert shape(_selectors(n, k)[1](1)) == (64, 128, False)
+    small_part = dataclasses.replace(QWEN2_05B, num_sms=66)
+    for n, k, takes in ((9728, 896, False), (1152, 896, True)):
+        sel = solve(matmul_program, small_part.facts("matmul", {"n": n, "k": k})).commit()
+        assert shape(sel(1)) == ((16, 32, False) if takes else (16, 64, False)), (n, k, shape(sel(1)))

@@ -152,6 +152,11 @@ WIDE_N = 16384
 FILL_SHARE = 2
 FILL_M = 768  # the 2,048 bucket's fill rule (below) holds up to here: at M = 1,024 it lost (H100, session 40)
 CHUNK_ALIGN = 128  # chunks are whole multiples of this: every schedule's BLOCK_K divides it
+# M <= 16 (a batch-1 decode): where the 16 x 64 tiles, times the chunks, number under NARROW_FILL a multiprocessor,
+# 16 x 32 tiles (choice 1) twice as many programs stream the weight. A schedule knob, bit-neutral (the GPU rows tests).
+# The default's batch-1 step with it against without, each arm in its own process: 0.5B 0.905 against 0.968 ms,
+# 1.5B 1.883 against 1.938 (H100, session 62, docs/probes/session62; every batch-1 tune had chosen it already).
+NARROW_M, NARROW_FILL, NARROW_CHOICE = 16, 2, 1
 
 
 @selection
@@ -205,6 +210,8 @@ def matmul_program(m: Unpinnable[int], n: Fact[int], k: Fact[int], max_m: Fact[i
     wide = (n + 63) // 64 >= num_sms  # one row of 64-column tiles fills the SMs
     if choice == 0 and chunk >= k and bucket == 32 and m > 16 and wide:
         choice = SWAP_WGMMA_CHOICE
+    if choice == 0 and bucket == 32 and m <= NARROW_M and tiles * ((k + chunk - 1) // chunk) < NARROW_FILL * num_sms:
+        choice = NARROW_CHOICE
     if choice == 0 and chunk >= k and bucket == 128 and m <= 64 and not wide:
         choice = ROWS16_CHOICE
     if choice == 0 and chunk >= k and 128 <= natural <= 512 and small_tiles <= SMALL_TILES_PER_SM * num_sms:
