@@ -204,3 +204,29 @@ def test_decode_profile_by_slot_parts_a_kernels_launches_by_their_place_in_the_l
     _, kernels, _ = mod._per_kernel(SimpleNamespace(events=lambda: events), 2)
     assert kernels["_matmul_kernel"] == (9, 96.0)
     assert sum(us for _, us in mm.values()) == kernels["_matmul_kernel"][1]
+
+
+def test_order_probe_runs_its_five_runs_and_sees_an_engine_left_in_a_cycle(capsys):
+    """`bench/order_probe.py`: stock, the other arm, stock, the other arm, then stock after a collection, each through
+    the bench's own `run`; its census finds an engine that only a collection would free (control: none after it)."""
+    import gc
+
+    from detent_rl.models import load_model
+    from detent_rl.models.builtin import builtin_checkpoint
+    from detent_rl.rollout.engine import Engine
+    probe = load("order_probe")
+    probe.main(["--model", "tiny", "--quick", "--device", "cpu"])
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if re.match(r"\| \d ", line)]
+    assert [(r[1].strip(), r[2].strip()) for r in rows] == [("stock", "no"), ("detent", "no"), ("stock", "no"),
+                                                            ("detent", "no"), ("stock", "yes")]
+    assert all(float(r[3]) > 0 for r in rows)
+    gc.collect()
+    before = probe.alive()["engines"]
+    model = load_model(builtin_checkpoint("tiny"), "detent", device="cpu", dtype=torch.float32, max_context=64,
+                       max_batch=4, max_num_tokens=256)
+    engine = Engine.for_requests(model, 2, 32, 2)
+    engine.cycle = engine  # only the collector frees it now
+    del engine
+    assert probe.alive()["engines"] == before + 1
+    gc.collect()
+    assert probe.alive()["engines"] == before
