@@ -35,13 +35,13 @@ from detent_rl.models import load_model
 from detent_rl.models.builtin import NAMES, builtin_checkpoint
 from detent_rl.rollout.engine import Engine
 
-ORDER = (("stock", False), ("tuned", False), ("stock", False), ("tuned", False), ("stock", True))
+ORDER = (("stock", False), ("other", False), ("stock", False), ("other", False), ("stock", True))  # (arm, collect)
 
 
 def alive() -> dict[str, int]:
     """CUDA graphs and engines the process still holds, without collecting (a cycle's members count)."""
+    objects = gc.get_objects()
     with warnings.catch_warnings():  # (isinstance on a deprecated module's proxy warns)
-        objects = gc.get_objects()
         warnings.simplefilter("ignore")
         held = [(isinstance(o, torch.cuda.CUDAGraph), isinstance(o, Engine)) for o in objects]
     return {"graphs": sum(g for g, _ in held), "engines": sum(e for _, e in held)}
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| # | run | collected before | ms/step | graphs, engines alive after | reserved / allocated after |")
     print("|---|---|---|---|---|---|")
     for i, (arm, collect) in enumerate(ORDER, 1):
-        arm = other if arm == "tuned" else arm
+        arm = other if arm == "other" else arm
         if collect:
             gc.collect()
             if cuda:
